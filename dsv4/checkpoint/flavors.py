@@ -1,0 +1,117 @@
+"""Stored-name layouts of the three checkpoint flavors (spec §2.1, §2.4, §2.5) and flavor detection.
+
+* ``official``: official names (``layers.3.attn.wq_a.weight`` + ``.scale``), FP8 block weights,
+  MXFP4 routed experts; also accepted with a ``model.`` prefix (transformers' ``save_pretrained``).
+* ``nvidia-nvfp4``: official names; main-layer routed experts in NVFP4 (``weight``,
+  ``weight_scale``, ``weight_scale_2``, ``input_scale``); MTP experts stay MXFP4.
+* ``hf``: transformers-5.x module names; experts fused (``mlp.experts.gate_up_proj [E, 2I, D]``,
+  ``down_proj [E, D, I]``) or per expert (``mlp.experts.{e}.gate_proj.weight``); per-tensor
+  format from sibling names (``weight_scale_inv`` FP8 block, ``weight_scale`` + ``weight_scale_2``
+  NVFP4, else BF16/FP32).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from .names import INDEX, LINEAR, PARAM, WeightSpec
+
+FLAVORS = ("official", "nvidia-nvfp4", "hf")
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where one role of a weight is stored: a tensor name, optionally a slice of a fused tensor."""
+
+    name: str
+    index: tuple | None = None   # (expert, row_start, row_stop) for fused expert tensors
+
+    def label(self) -> str:
+        if self.index is None:
+            return self.name
+        e, a, b = self.index
+        return f"{self.name}[{e}]" if a is None else f"{self.name}[{e}, {a}:{b}]"
+
+
+def detect_flavor(names: Iterable[str]) -> str:
+    names = list(names)
+    if any(re.match(r"^model\.layers\.\d+\.(self_attn|mlp)\.", n) for n in names) or "lm_head.weight" in names:
+        return "hf"
+    if any(n.endswith(".weight_scale_2") for n in names):
+        return "nvidia-nvfp4"
+    return "official"
+
+
+# ---- official naming ----------------------------------------------------------------------------
+_OFFICIAL_ROLES = {"weight": ".weight", "scale": ".scale", "weight_scale": ".weight_scale",
+                   "weight_scale_2": ".weight_scale_2", "input_scale": ".input_scale"}
+
+
+def official_candidates(spec: WeightSpec, prefix: str = "") -> dict[str, Location]:
+    base = prefix + spec.full_name
+    if spec.kind in (PARAM, INDEX):
+        return {"weight": Location(base)}
+    if spec.kind == LINEAR:
+        return {role: Location(base + suf) for role, suf in _OFFICIAL_ROLES.items()}
+    return {"weight": Location(base + ".weight")}
+
+
+# ---- transformers naming -------------------------------------------------------------------------
+_HF_GLOBAL = {"embed": "model.embed_tokens", "head": "lm_head", "norm": "model.norm",
+              "hc_head_fn": "model.hc_head.hc_fn", "hc_head_base": "model.hc_head.hc_base",
+              "hc_head_scale": "model.hc_head.hc_scale"}
+_HF_LAYER = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "hc_attn_fn": "attn_hc.fn", "hc_attn_base": "attn_hc.base", "hc_attn_scale": "attn_hc.scale",
+    "hc_ffn_fn": "ffn_hc.fn", "hc_ffn_base": "ffn_hc.base", "hc_ffn_scale": "ffn_hc.scale",
+    "attn.wq_a": "self_attn.q_a_proj", "attn.q_norm": "self_attn.q_a_norm", "attn.wq_b": "self_attn.q_b_proj",
+    "attn.wkv": "self_attn.kv_proj", "attn.kv_norm": "self_attn.kv_norm", "attn.wo_a": "self_attn.o_a_proj",
+    "attn.wo_b": "self_attn.o_b_proj", "attn.attn_sink": "self_attn.sinks",
+    "attn.compressor.wkv": "self_attn.compressor.kv_proj", "attn.compressor.wgate": "self_attn.compressor.gate_proj",
+    "attn.compressor.ape": "self_attn.compressor.position_bias", "attn.compressor.norm": "self_attn.compressor.kv_norm",
+    "attn.indexer.wq_b": "self_attn.compressor.indexer.q_b_proj",
+    "attn.indexer.weights_proj": "self_attn.compressor.indexer.scorer.weights_proj",
+    "attn.indexer.compressor.wkv": "self_attn.compressor.indexer.kv_proj",
+    "attn.indexer.compressor.wgate": "self_attn.compressor.indexer.gate_proj",
+    "attn.indexer.compressor.ape": "self_attn.compressor.indexer.position_bias",
+    "attn.indexer.compressor.norm": "self_attn.compressor.indexer.kv_norm",
+    "ffn.gate": "mlp.gate", "ffn.gate.bias": "mlp.gate.e_score_correction_bias",
+    "ffn.gate.tid2eid": "mlp.gate.tid2eid",
+    "ffn.shared_experts.w1": "mlp.shared_experts.gate_proj", "ffn.shared_experts.w3": "mlp.shared_experts.up_proj",
+    "ffn.shared_experts.w2": "mlp.shared_experts.down_proj",
+}
+_HF_EXPERT = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+_HF_ROLES = {"weight": ".weight", "scale": ".weight_scale_inv", "weight_scale": ".weight_scale",
+             "weight_scale_2": ".weight_scale_2", "input_scale": ".input_scale"}
+_EXPERT_RE = re.compile(r"^ffn\.experts\.(\d+)\.(w[123])$")
+HF_FUSED_GATE_UP = "mlp.experts.gate_up_proj"
+HF_FUSED_DOWN = "mlp.experts.down_proj"
+
+
+def hf_base(spec: WeightSpec) -> str:
+    if spec.layer is None:
+        return _HF_GLOBAL[spec.name]
+    prefix = f"model.layers.{spec.layer}."
+    m = _EXPERT_RE.match(spec.name)
+    if m:
+        return prefix + f"mlp.experts.{m.group(1)}.{_HF_EXPERT[m.group(2)]}"
+    return prefix + _HF_LAYER[spec.name]
+
+
+def hf_candidates(spec: WeightSpec, fused: bool, inter: int) -> dict[str, Location]:
+    """Stored locations per role. With ``fused`` experts the weight is a slice of the fused tensor."""
+    m = _EXPERT_RE.match(spec.name)
+    if m and fused:
+        e, which = int(m.group(1)), m.group(2)
+        prefix = f"model.layers.{spec.layer}."
+        if which == "w2":
+            return {"weight": Location(prefix + HF_FUSED_DOWN, (e, None, None))}
+        lo = 0 if which == "w1" else inter   # gate_up_proj holds w1 then w3 along dim 1
+        return {"weight": Location(prefix + HF_FUSED_GATE_UP, (e, lo, lo + inter))}
+    base = hf_base(spec)
+    if spec.kind in (PARAM, INDEX):
+        return {"weight": Location(base)}
+    if spec.kind == LINEAR:
+        return {role: Location(base + suf) for role, suf in _HF_ROLES.items()}
+    return {"weight": Location(base + ".weight")}

@@ -1,0 +1,354 @@
+"""Built-in synthetic checkpoints: deterministic, offline, in any of the three flavors.
+
+``python -m dsv4.checkpoint.synth --preset tiny --flavor nvidia-nvfp4 --out DIR --seed 0``
+
+Values come from numpy's PCG64 (one stream per tensor, keyed by seed and tensor name), so the same
+arguments give byte-identical files across torch versions. Quantized formats are produced here with
+a small self-contained encoder (the reference and the native side each have their own decoder; this
+module must not import ``dsv4.numerics`` because the reference resolves presets through it).
+Magnitudes are chosen so a forward stays well-conditioned and every known bug is observable (some
+SwiGLU inputs beyond the limit, sinks on the scale of the scores, non-uniform block scales).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from ..config import REAL_PRESETS, DSV4Config, preset as config_preset
+from .errors import CheckpointError
+from .flavors import FLAVORS, hf_base
+from .names import INDEX, LINEAR, NORM, PARAM, TABLE, WeightSpec, all_weights
+
+log = logging.getLogger(__name__)
+
+SYNTH_VERSION = 1
+DEFAULT_SHARD_BYTES = 64 * 1024 * 1024
+_E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float64)
+
+
+# ---- deterministic values ---------------------------------------------------------------------------
+def _rng(seed: int, name: str) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64([seed, zlib.crc32(name.encode())]))
+
+
+# Gains per weight: output RMS ~ gain for unit-RMS inputs.
+_GAINS = {"head": 3.0, "ffn.gate": 1.0, "w1": 1.4, "w3": 1.4, "w2": 1.0}
+
+
+def _linear_values(spec: WeightSpec, seed: int) -> np.ndarray:
+    n, k = spec.shape
+    g = _rng(seed, spec.full_name)
+    leaf = spec.name.rsplit(".", 1)[-1]
+    gain = _GAINS.get(spec.name, _GAINS.get(leaf, 1.0))
+    w = g.standard_normal((n, k)) * (gain / np.sqrt(k))
+    # Non-uniform block magnitudes: FP8 128x128 and FP4 16/32-wide scales all differ.
+    bm = 2.0 ** g.uniform(-0.7, 0.7, size=(-(-n // 128), -(-k // 128)))
+    w *= np.kron(bm, np.ones((128, 128)))[:n, :k]
+    w *= 2.0 ** g.uniform(-0.4, 0.4, size=(n, 1))
+    return w.astype(np.float32)
+
+
+def _values(spec: WeightSpec, c: DSV4Config, seed: int) -> np.ndarray:
+    g = _rng(seed, spec.full_name)
+    leaf = spec.name.rsplit(".", 1)[-1]
+    if spec.kind == LINEAR:
+        return _linear_values(spec, seed)
+    if spec.kind == NORM:
+        return (1.0 + 0.1 * g.standard_normal(spec.shape)).astype(np.float32)
+    if spec.kind == TABLE:
+        scale = 1.0 if spec.name == "embed" else _GAINS["head"] / np.sqrt(spec.shape[1])
+        return (g.standard_normal(spec.shape) * scale).astype(np.float32)
+    if spec.kind == INDEX:   # tid2eid: distinct experts per token id
+        v, k = spec.shape
+        return np.argsort(g.random((v, c.n_routed_experts)), axis=1)[:, :k].astype(np.int64)
+    # raw fp32 parameters
+    if leaf.endswith("_fn"):
+        return (g.standard_normal(spec.shape) / np.sqrt(spec.shape[1])).astype(np.float32)
+    if leaf.endswith("_scale"):
+        return (0.3 + 0.3 * g.random(spec.shape)).astype(np.float32)
+    if leaf.endswith("_base"):
+        n = c.hc_mult
+        b = 0.5 * g.standard_normal(spec.shape)
+        if spec.shape[0] == c.hc_mix_dim:   # comb part: favour the identity so streams stay distinct
+            b[2 * n:] += 2.0 * np.eye(n).reshape(-1)
+        return b.astype(np.float32)
+    if leaf == "attn_sink":   # scores q.k/sqrt(d) are ~N(0,1); sinks compete with ~10-40 keys
+        return (2.5 + g.standard_normal(spec.shape)).astype(np.float32)
+    if leaf == "ape":
+        return g.standard_normal(spec.shape).astype(np.float32)
+    if leaf == "bias":        # selection-only correction bias, comparable to score gaps
+        return (0.3 * g.standard_normal(spec.shape)).astype(np.float32)
+    raise CheckpointError(f"synth: no generator for parameter {spec.full_name}")
+
+
+# ---- encoders (self-contained; see module docstring) ---------------------------------------------
+def _e2m1_codes(v: np.ndarray) -> np.ndarray:
+    """Round to the E2M1 grid, nearest with ties to the even code; saturate at 6."""
+    a = np.minimum(np.abs(v.astype(np.float64)), 6.0)
+    d = np.abs(a[..., None] - _E2M1_GRID)
+    best = d.min(axis=-1, keepdims=True)
+    idx = np.arange(8)
+    mag = np.argmin(np.where(d == best, idx % 2, 2), axis=-1)   # among ties, the first even code
+    return (mag | np.where((v < 0) & (mag > 0), 8, 0)).astype(np.uint8)
+
+
+def _pack(codes: np.ndarray) -> np.ndarray:
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
+
+
+def _e4m3(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.clip(x, -448.0, 448.0).astype(np.float32)).to(torch.float8_e4m3fn)
+
+
+def _pow2_exponent(amax: np.ndarray, qmax: float) -> np.ndarray:
+    return np.ceil(np.log2(np.maximum(amax, 1e-30) / qmax)).astype(np.int64)
+
+
+def encode_fp8_block(w: np.ndarray) -> dict[str, torch.Tensor]:
+    n, k = w.shape
+    nb, kb = -(-n // 128), -(-k // 128)
+    pad = np.zeros((nb * 128, kb * 128), np.float64)
+    pad[:n, :k] = w
+    amax = np.abs(pad.reshape(nb, 128, kb, 128)).max(axis=(1, 3))
+    e = _pow2_exponent(amax, 448.0)
+    q = w / np.kron(2.0 ** e, np.ones((128, 128)))[:n, :k]
+    return {"weight": _e4m3(q), "scale": torch.from_numpy((e + 127).astype(np.uint8)).view(torch.float8_e8m0fnu)}
+
+
+def encode_mxfp4(w: np.ndarray) -> dict[str, torch.Tensor]:
+    n, k = w.shape
+    blocks = w.reshape(n, k // 32, 32).astype(np.float64)
+    e = _pow2_exponent(np.abs(blocks).max(axis=2), 6.0)
+    codes = _e2m1_codes(blocks / (2.0 ** e)[..., None]).reshape(n, k)
+    return {"weight": torch.from_numpy(_pack(codes).view(np.int8)),
+            "scale": torch.from_numpy((e + 127).astype(np.uint8)).view(torch.float8_e8m0fnu)}
+
+
+# Static activation scale written for NVFP4 experts: a generous amax bound for RMS-normed inputs.
+# Block scales keep their relative precision over E4M3's range, so a loose bound costs nothing.
+_INPUT_AMAX_BOUND = 32.0
+
+
+def encode_nvfp4(w: np.ndarray, global_scale: float | None = None) -> dict[str, torch.Tensor]:
+    """ModelOpt recipe: global = amax/(6*448); block scale = E4M3(block amax / (6 * global))."""
+    n, k = w.shape
+    w64 = w.astype(np.float64)
+    gs = np.float32(np.abs(w64).max() / (6.0 * 448.0)) if global_scale is None else np.float32(global_scale)
+    blocks = w64.reshape(n, k // 16, 16)
+    sf = _e4m3((np.abs(blocks).max(axis=2) / (6.0 * float(gs))).astype(np.float32))
+    denom = sf.to(torch.float32).numpy().astype(np.float64)[..., None] * float(gs)
+    codes = _e2m1_codes(np.where(denom > 0, blocks / np.where(denom > 0, denom, 1.0), 0.0)).reshape(n, k)
+    return {"weight": torch.from_numpy(_pack(codes)), "weight_scale": sf,
+            "weight_scale_2": torch.tensor(float(gs), dtype=torch.float32),
+            "input_scale": torch.tensor(_INPUT_AMAX_BOUND / (6.0 * 448.0), dtype=torch.float32)}
+
+
+# ---- flavors -------------------------------------------------------------------------------------
+def _linear_format(spec: WeightSpec, c: DSV4Config, flavor: str, quant: str) -> str:
+    name = spec.name
+    bf16_always = (name in ("ffn.gate", "attn.indexer.weights_proj") or ".compressor." in f".{name}")
+    if flavor == "hf":
+        if quant == "bf16" or bf16_always:
+            return "bf16"
+        if spec.is_expert:
+            return "nvfp4" if quant == "nvfp4" else "fp8"
+        return "fp8" if quant == "fp8" else "bf16"
+    if bf16_always:
+        return "bf16"
+    if spec.is_expert:
+        if flavor == "nvidia-nvfp4" and spec.mtp is None:
+            return "nvfp4"          # MTP experts stay MXFP4 (spec §2.4)
+        return {"fp4": "mxfp4", "fp8": "fp8", None: "bf16"}[c.expert_dtype]
+    return "fp8" if c.dtype == "fp8" else "bf16"
+
+
+def _stored(spec: WeightSpec, c: DSV4Config, flavor: str, quant: str, seed: int) -> dict[str, torch.Tensor]:
+    v = _values(spec, c, seed)
+    if spec.kind == LINEAR:
+        fmt = _linear_format(spec, c, flavor, quant)
+        if fmt == "fp8":
+            roles = encode_fp8_block(v)
+        elif fmt == "mxfp4":
+            roles = encode_mxfp4(v)
+        elif fmt == "nvfp4":
+            roles = encode_nvfp4(v)
+        else:
+            roles = {"weight": torch.from_numpy(v).to(torch.bfloat16)}
+    elif spec.kind in (PARAM,):
+        roles = {"weight": torch.from_numpy(v)}
+    elif spec.kind == INDEX:
+        roles = {"weight": torch.from_numpy(v)}
+    else:
+        roles = {"weight": torch.from_numpy(v).to(torch.bfloat16)}
+    if flavor == "hf" and spec.mtp is None:
+        base = hf_base(spec)
+        suffix = {"weight": ".weight", "scale": ".weight_scale_inv", "weight_scale": ".weight_scale",
+                  "weight_scale_2": ".weight_scale_2", "input_scale": ".input_scale"}
+        if spec.kind in (PARAM, INDEX):
+            return {base: roles["weight"]}
+        return {base + suffix[r]: t for r, t in roles.items()}
+    base = spec.full_name
+    if spec.kind in (PARAM, INDEX):
+        return {base: roles["weight"]}
+    suffix = {"weight": ".weight", "scale": ".scale", "weight_scale": ".weight_scale",
+              "weight_scale_2": ".weight_scale_2", "input_scale": ".input_scale"}
+    return {base + suffix[r]: t for r, t in roles.items()}
+
+
+def _share_w13_global(tensors: dict[str, torch.Tensor], c: DSV4Config, spec_of: dict[str, WeightSpec],
+                      seed: int, flavor: str, quant: str) -> None:
+    """NVFP4 w1/w3 of one expert share weight_scale_2 (vLLM expects it; spec §2.4): requantize both
+    with the larger global scale."""
+    for s in list(spec_of.values()):
+        if not (s.is_expert and s.name.endswith(".w1")):
+            continue
+        s3 = spec_of[s.full_name[:-1] + "3"]
+        if _linear_format(s, c, flavor, quant) != "nvfp4":
+            continue
+        v1, v3 = _values(s, c, seed), _values(s3, c, seed)
+        gs = max(np.abs(v1).max(), np.abs(v3).max()) / (6.0 * 448.0)
+        for sp, v in ((s, v1), (s3, v3)):
+            roles = encode_nvfp4(v, gs)
+            base = hf_base(sp) if flavor == "hf" else sp.full_name
+            for r, t in roles.items():
+                tensors[f"{base}.{r}"] = t
+
+
+def build_tensors(c: DSV4Config, flavor: str, quant: str = "bf16", seed: int = 0) -> dict[str, torch.Tensor]:
+    if flavor not in FLAVORS:
+        raise CheckpointError(f"synth flavor: expected one of {FLAVORS}, found {flavor!r}")
+    if quant not in ("bf16", "fp8", "nvfp4"):
+        raise CheckpointError(f"synth quant: expected bf16, fp8 or nvfp4, found {quant!r}")
+    if quant != "bf16" and flavor != "hf":
+        raise CheckpointError(f"synth: --quant applies to the hf flavor only, found flavor {flavor!r}")
+    with_mtp = flavor != "hf" and c.num_nextn_predict_layers > 0   # transformers drops MTP
+    specs = list(all_weights(c, mtp=with_mtp))
+    tensors: dict[str, torch.Tensor] = {}
+    for s in specs:
+        tensors.update(_stored(s, c, flavor, quant, seed))
+    _share_w13_global(tensors, c, {s.full_name: s for s in specs}, seed, flavor, quant)
+    if flavor == "hf" and quant == "bf16":
+        _fuse_hf_experts(tensors, c)
+    return tensors
+
+
+def _fuse_hf_experts(tensors: dict[str, torch.Tensor], c: DSV4Config) -> None:
+    """transformers stores BF16 experts fused: gate_up_proj [E, 2I, D] (w1 then w3), down_proj [E, D, I]."""
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        gu, dn = [], []
+        for e in range(c.n_routed_experts):
+            g = tensors.pop(f"{p}{e}.gate_proj.weight")
+            u = tensors.pop(f"{p}{e}.up_proj.weight")
+            gu.append(torch.cat([g, u], 0))
+            dn.append(tensors.pop(f"{p}{e}.down_proj.weight"))
+        tensors[p + "gate_up_proj"] = torch.stack(gu)
+        tensors[p + "down_proj"] = torch.stack(dn)
+
+
+def write_checkpoint(out: Path, c: DSV4Config, tensors: dict[str, torch.Tensor], flavor: str,
+                     shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = c.to_transformers_dict() if flavor == "hf" else c.to_hf_dict()
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        nbytes = t.numel() * t.element_size()
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    meta = {"format": "pt", "producer": f"dsv4-parity synth v{SYNTH_VERSION}"}
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata=meta)
+    else:
+        wm = {}
+        for i, sh in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(sh, str(out / fname), metadata=meta)
+            wm.update({n: fname for n in sh})
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(wm.items()))}, indent=2) + "\n")
+    _write_tokenizer(out, c)
+
+
+def _write_tokenizer(out: Path, c: DSV4Config) -> None:
+    from ..tokenizer import build_tiny_tokenizer, write_tokenizer
+
+    write_tokenizer(build_tiny_tokenizer(vocab_size=c.vocab_size), out)
+
+
+def synth(preset: str = "tiny", flavor: str = "nvidia-nvfp4", out: str | Path = "tiny-ckpt", *, seed: int = 0,
+          quant: str = "bf16", shard_bytes: int = DEFAULT_SHARD_BYTES, config: DSV4Config | None = None) -> Path:
+    """Write a synthetic checkpoint and return its directory."""
+    c = config or config_preset(preset)
+    if c.name in REAL_PRESETS and config is None:
+        raise CheckpointError(f"synth preset {preset!r}: expected a tiny preset (real sizes {REAL_PRESETS} are "
+                              f"config-only; load a real checkpoint directory instead)")
+    out = Path(out)
+    write_checkpoint(out, c, build_tensors(c, flavor, quant, seed), flavor, shard_bytes)
+    return out
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("DSV4_PARITY_CACHE", Path.home() / ".cache" / "dsv4-parity"))
+
+
+def resolve_preset(preset: str, flavor: str = "nvidia-nvfp4", seed: int = 0) -> Path:
+    """The cached checkpoint directory of a preset, generated on first use and written atomically
+    (a temporary directory renamed into place), so parallel test workers are safe."""
+    final = cache_root() / f"{preset}-{flavor}-s{seed}-v{SYNTH_VERSION}"
+    if (final / "config.json").exists():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        synth(preset, flavor, tmp, seed=seed)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / "config.json").exists():   # not a lost race: a real failure
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dsv4.checkpoint.synth", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--flavor", default="nvidia-nvfp4", choices=FLAVORS)
+    p.add_argument("--quant", default="bf16", choices=("bf16", "fp8", "nvfp4"), help="hf flavor only")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES)
+    a = p.parse_args(argv)
+    try:
+        out = synth(a.preset, a.flavor, a.out, seed=a.seed, quant=a.quant, shard_bytes=a.shard_bytes)
+    except Exception as e:  # CLI edge: one clear line, exit 2
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    files = sorted(out.iterdir())
+    total = sum(f.stat().st_size for f in files)
+    print(f"wrote {out} ({a.preset}, {a.flavor}, seed {a.seed}): {len(files)} files, {total / 1e6:.1f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

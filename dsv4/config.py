@@ -1,0 +1,576 @@
+"""DSV4Config: one typed configuration for DeepSeek-V4, read from any of its three config forms.
+
+Forms (spec dsv4-architecture.md §1):
+  (a) the HF ``config.json`` (``compress_ratios`` with its extra MTP entry, ``rope_scaling``, ...),
+  (b) the transformers-5.x form (``layer_types``, ``mlp_layer_types``, ``rope_parameters``,
+      ``compress_rates``),
+  (c) the official ``inference/config.json`` (ModelArgs names: ``dim``, ``n_layers``, ...).
+
+This module is compute-free: the reference may import it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+
+class ConfigError(ValueError):
+    """An invalid or inconsistent configuration; the message names the key, expected and found."""
+
+
+LAYER_KINDS = ("window", "csa", "hca")
+_TF_LAYER_TYPE = {"window": "sliding_attention", "csa": "compressed_sparse_attention",
+                  "hca": "heavily_compressed_attention"}
+_TF_LAYER_TYPE_INV = {v: k for k, v in _TF_LAYER_TYPE.items()}
+
+
+@dataclass(frozen=True)
+class DSV4Config:
+    """Every size and constant the model needs. Field names follow the HF config where one exists."""
+
+    name: str = "custom"
+    vocab_size: int = 129280
+    hidden_size: int = 4096
+    num_hidden_layers: int = 43
+    num_attention_heads: int = 64
+    head_dim: int = 512
+    qk_rope_head_dim: int = 64
+    q_lora_rank: int = 1024
+    o_lora_rank: int = 1024
+    o_groups: int = 8
+    index_n_heads: int = 64
+    index_head_dim: int = 128
+    index_topk: int = 512
+    sliding_window: int = 128
+    # One entry per main layer (0 = window only, csa_ratio, hca_ratio); the MTP entry is separate.
+    compress_ratios: tuple[int, ...] = ()
+    mtp_compress_ratios: tuple[int, ...] = (0,)
+    csa_ratio: int = 4
+    hca_ratio: int = 128
+    rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    rope_factor: float = 16.0
+    original_seq_len: int = 65536
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    max_position_embeddings: int = 1048576
+    hc_mult: int = 4
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    rms_norm_eps: float = 1e-6
+    n_routed_experts: int = 256
+    n_shared_experts: int = 1
+    num_experts_per_tok: int = 6
+    moe_intermediate_size: int = 2048
+    num_hash_layers: int = 3
+    scoring_func: str = "sqrtsoftplus"
+    routed_scaling_factor: float = 1.5
+    swiglu_limit: float = 10.0
+    num_nextn_predict_layers: int = 1
+    bos_token_id: int = 0
+    eos_token_id: int = 1
+    # Checkpoint storage: "fp8" (FP8 E4M3 + UE8M0 128x128 non-expert linears) or "bf16";
+    # expert_dtype "fp4" (MXFP4), "fp8" (Flash-Base) or None (same as dtype).
+    dtype: str = "fp8"
+    expert_dtype: str | None = "fp4"
+    quantization_config: Mapping[str, Any] | None = field(default=None, compare=False)
+
+    # ---- validation -------------------------------------------------------------------------
+    def __post_init__(self) -> None:
+        def need(cond: bool, key: str, expected: str, found: Any) -> None:
+            if not cond:
+                raise ConfigError(f"config '{self.name}': {key}: expected {expected}, found {found!r}")
+
+        for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
+                    "qk_rope_head_dim", "q_lora_rank", "o_lora_rank", "o_groups", "index_n_heads",
+                    "index_head_dim", "index_topk", "sliding_window", "hc_mult", "hc_sinkhorn_iters",
+                    "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+                    "max_position_embeddings", "csa_ratio", "hca_ratio"):
+            v = getattr(self, key)
+            need(isinstance(v, int) and not isinstance(v, bool) and v > 0, key, "a positive int", v)
+        need(len(self.compress_ratios) == self.num_hidden_layers, "compress_ratios",
+             f"{self.num_hidden_layers} entries (one per main layer)", len(self.compress_ratios))
+        allowed = {0, self.csa_ratio, self.hca_ratio}
+        bad = [r for r in self.compress_ratios if r not in allowed]
+        need(not bad, "compress_ratios", f"values in {sorted(allowed)}", bad)
+        need(self.csa_ratio != self.hca_ratio, "csa_ratio/hca_ratio", "two different ratios",
+             (self.csa_ratio, self.hca_ratio))
+        need(self.sliding_window >= max(self.csa_ratio, self.hca_ratio), "sliding_window",
+             f">= the largest compress ratio {max(self.csa_ratio, self.hca_ratio)} (spec §6 causality)",
+             self.sliding_window)
+        need(self.head_dim > self.qk_rope_head_dim and self.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim",
+             f"an even number < head_dim {self.head_dim}", self.qk_rope_head_dim)
+        need(self.index_head_dim >= self.qk_rope_head_dim, "index_head_dim",
+             f">= qk_rope_head_dim {self.qk_rope_head_dim}", self.index_head_dim)
+        need(self.num_attention_heads % self.o_groups == 0, "o_groups",
+             f"a divisor of num_attention_heads {self.num_attention_heads}", self.o_groups)
+        need(self.num_experts_per_tok <= self.n_routed_experts, "num_experts_per_tok",
+             f"<= n_routed_experts {self.n_routed_experts}", self.num_experts_per_tok)
+        need(0 <= self.num_hash_layers <= self.num_hidden_layers, "num_hash_layers",
+             f"0..{self.num_hidden_layers}", self.num_hash_layers)
+        need(self.n_shared_experts == 1, "n_shared_experts", "1 (the official MoE asserts it)",
+             self.n_shared_experts)
+        need(self.scoring_func == "sqrtsoftplus", "scoring_func", "'sqrtsoftplus'", self.scoring_func)
+        need(self.dtype in ("fp8", "bf16"), "dtype", "'fp8' or 'bf16'", self.dtype)
+        need(self.expert_dtype in ("fp4", "fp8", None), "expert_dtype", "'fp4', 'fp8' or None",
+             self.expert_dtype)
+        need(0 <= self.bos_token_id < self.vocab_size and 0 <= self.eos_token_id < self.vocab_size,
+             "bos_token_id/eos_token_id", f"ids < vocab_size {self.vocab_size}",
+             (self.bos_token_id, self.eos_token_id))
+
+    # ---- derived quantities -----------------------------------------------------------------
+    @property
+    def nope_head_dim(self) -> int:
+        return self.head_dim - self.qk_rope_head_dim
+
+    @property
+    def hc_mix_dim(self) -> int:
+        """(2 + n) * n: pre (n) + post (n) + comb (n*n)."""
+        return (2 + self.hc_mult) * self.hc_mult
+
+    @property
+    def wo_a_group_in(self) -> int:
+        return self.num_attention_heads * self.head_dim // self.o_groups
+
+    def layer_kind(self, layer: int) -> str:
+        """'window', 'csa' or 'hca' for main layer ``layer``."""
+        r = self.compress_ratios[self._check_layer(layer)]
+        return "window" if r == 0 else ("csa" if r == self.csa_ratio else "hca")
+
+    def compress_ratio(self, layer: int) -> int:
+        return self.compress_ratios[self._check_layer(layer)]
+
+    def is_hash_layer(self, layer: int) -> bool:
+        return self._check_layer(layer) < self.num_hash_layers
+
+    def _check_layer(self, layer: int) -> int:
+        if not (isinstance(layer, int) and 0 <= layer < self.num_hidden_layers):
+            raise ConfigError(f"config '{self.name}': layer index: expected 0..{self.num_hidden_layers - 1}, "
+                              f"found {layer!r}")
+        return layer
+
+    def replace(self, **changes: Any) -> "DSV4Config":
+        return dataclasses.replace(self, **changes)
+
+    # ---- serialization ----------------------------------------------------------------------
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The HF ``config.json`` form (a): what the synthetic checkpoints write."""
+        d: dict[str, Any] = {
+            "architectures": ["DeepseekV4ForCausalLM"],
+            "model_type": "deepseek_v4",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": 1,
+            "head_dim": self.head_dim,
+            "qk_rope_head_dim": self.qk_rope_head_dim,
+            "q_lora_rank": self.q_lora_rank,
+            "o_lora_rank": self.o_lora_rank,
+            "o_groups": self.o_groups,
+            "index_n_heads": self.index_n_heads,
+            "index_head_dim": self.index_head_dim,
+            "index_topk": self.index_topk,
+            "sliding_window": self.sliding_window,
+            "compress_ratios": list(self.compress_ratios) + list(self.mtp_compress_ratios),
+            "compress_rope_theta": self.compress_rope_theta,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": {"type": "yarn", "factor": self.rope_factor,
+                             "original_max_position_embeddings": self.original_seq_len,
+                             "beta_fast": self.beta_fast, "beta_slow": self.beta_slow},
+            "max_position_embeddings": self.max_position_embeddings,
+            "hc_mult": self.hc_mult,
+            "hc_sinkhorn_iters": self.hc_sinkhorn_iters,
+            "hc_eps": self.hc_eps,
+            "rms_norm_eps": self.rms_norm_eps,
+            "n_routed_experts": self.n_routed_experts,
+            "n_shared_experts": self.n_shared_experts,
+            "num_experts_per_tok": self.num_experts_per_tok,
+            "moe_intermediate_size": self.moe_intermediate_size,
+            "num_hash_layers": self.num_hash_layers,
+            "scoring_func": self.scoring_func,
+            "topk_method": "noaux_tc",
+            "norm_topk_prob": True,
+            "routed_scaling_factor": self.routed_scaling_factor,
+            "swiglu_limit": self.swiglu_limit,
+            "hidden_act": "silu",
+            "num_nextn_predict_layers": self.num_nextn_predict_layers,
+            "tie_word_embeddings": False,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "torch_dtype": "bfloat16",
+            "attention_bias": False,
+            "expert_dtype": self.expert_dtype,
+        }
+        # Non-standard ratios cannot be expressed through compress_ratios alone.
+        if (self.csa_ratio, self.hca_ratio) != (4, 128):
+            d["compress_rates"] = {"compressed_sparse_attention": self.csa_ratio,
+                                   "heavily_compressed_attention": self.hca_ratio}
+        if self.dtype == "fp8":
+            d["quantization_config"] = dict(self.quantization_config or {
+                "quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
+                "activation_scheme": "dynamic", "weight_block_size": [128, 128]})
+        return d
+
+    def to_transformers_dict(self) -> dict[str, Any]:
+        """The transformers-5.x form (b), as ``DeepseekV4Config(**d)`` accepts it."""
+        d = self.to_hf_dict()
+        for k in ("compress_ratios", "qk_rope_head_dim", "num_hash_layers", "rope_scaling", "expert_dtype",
+                  "quantization_config", "topk_method"):
+            d.pop(k, None)
+        d["layer_types"] = [_TF_LAYER_TYPE[self.layer_kind(i)] for i in range(self.num_hidden_layers)]
+        d["mlp_layer_types"] = ["hash_moe" if self.is_hash_layer(i) else "moe"
+                                for i in range(self.num_hidden_layers)]
+        d["compress_rates"] = {"compressed_sparse_attention": self.csa_ratio,
+                               "heavily_compressed_attention": self.hca_ratio}
+        d["partial_rotary_factor"] = self.qk_rope_head_dim / self.head_dim
+        d["rope_parameters"] = {
+            "main": {"rope_type": "default", "rope_theta": self.rope_theta,
+                     "partial_rotary_factor": self.qk_rope_head_dim / self.head_dim},
+            "compress": {"rope_type": "yarn", "rope_theta": self.compress_rope_theta,
+                         "factor": self.rope_factor, "original_max_position_embeddings": self.original_seq_len,
+                         "beta_fast": self.beta_fast, "beta_slow": self.beta_slow, "attention_factor": 1.0,
+                         "partial_rotary_factor": self.qk_rope_head_dim / self.head_dim},
+        }
+        return d
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_hf_dict(), indent=2, sort_keys=True) + "\n")
+
+    # ---- parsing ----------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], name: str = "custom") -> "DSV4Config":
+        """Parse any of the three forms; the form is detected from its keys."""
+        if not isinstance(d, Mapping):
+            raise ConfigError(f"config '{name}': expected a JSON object, found {type(d).__name__}")
+        if "dim" in d and "n_layers" in d:
+            return _from_official(d, name)
+        if "layer_types" in d or "rope_parameters" in d or "mlp_layer_types" in d:
+            return _from_transformers(d, name)
+        if "hidden_size" in d:
+            return _from_hf(d, name)
+        raise ConfigError(f"config '{name}': expected an HF config (hidden_size), a transformers-5.x config "
+                          f"(layer_types) or an official ModelArgs config (dim, n_layers); found keys "
+                          f"{sorted(d)[:12]}")
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "DSV4Config":
+        p = Path(path)
+        try:
+            d = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p}: expected a file, found nothing") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"config file {p}: expected valid JSON, found a syntax error: {e}") from None
+        return cls.from_dict(d, name=p.parent.name or p.name)
+
+
+# ---- form-specific readers ------------------------------------------------------------------------
+def _req(d: Mapping[str, Any], key: str, name: str, typ: type | tuple[type, ...] = (int,)) -> Any:
+    if key not in d:
+        raise ConfigError(f"config '{name}': missing key '{key}'")
+    v = d[key]
+    types = typ if isinstance(typ, tuple) else (typ,)
+    if float in types and isinstance(v, int) and not isinstance(v, bool):
+        v = float(v)
+    if not isinstance(v, types) or isinstance(v, bool) and bool not in types:
+        raise ConfigError(f"config '{name}': key '{key}': expected {'/'.join(t.__name__ for t in types)}, "
+                          f"found {v!r}")
+    return v
+
+
+def _opt(d: Mapping[str, Any], key: str, default: Any) -> Any:
+    v = d.get(key, default)
+    return default if v is None else v
+
+
+def _split_ratios(ratios: Sequence[int], n_layers: int, name: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    ratios = list(ratios)
+    if not all(isinstance(r, int) and not isinstance(r, bool) for r in ratios):
+        raise ConfigError(f"config '{name}': compress_ratios: expected ints, found {ratios!r}")
+    if len(ratios) < n_layers:
+        raise ConfigError(f"config '{name}': compress_ratios: expected >= {n_layers} entries "
+                          f"(num layers, + MTP), found {len(ratios)}")
+    return tuple(ratios[:n_layers]), tuple(ratios[n_layers:])
+
+
+def _ratio_pair(ratios: Sequence[int], d: Mapping[str, Any]) -> tuple[int, int]:
+    rates = d.get("compress_rates") or {}
+    csa = int(rates.get("compressed_sparse_attention", d.get("compress_rate_csa", 4)))
+    hca = int(rates.get("heavily_compressed_attention", d.get("compress_rate_hca", 128)))
+    nonzero = sorted({r for r in ratios if r})
+    if not rates and len(nonzero) == 2:
+        csa, hca = nonzero
+    return csa, hca
+
+
+def _common_hf(d: Mapping[str, Any], name: str) -> dict[str, Any]:
+    n = _req(d, "num_hidden_layers", name)
+    kv = d.get("num_key_value_heads", 1)
+    if kv != 1:
+        raise ConfigError(f"config '{name}': num_key_value_heads: expected 1 (one shared K=V head), found {kv!r}")
+    eos = d.get("eos_token_id", 1)
+    if isinstance(eos, list):
+        eos = eos[0]
+    return dict(
+        vocab_size=_req(d, "vocab_size", name), hidden_size=_req(d, "hidden_size", name),
+        num_hidden_layers=n, num_attention_heads=_req(d, "num_attention_heads", name),
+        head_dim=_req(d, "head_dim", name), q_lora_rank=_req(d, "q_lora_rank", name),
+        o_lora_rank=_req(d, "o_lora_rank", name), o_groups=_req(d, "o_groups", name),
+        index_n_heads=_req(d, "index_n_heads", name), index_head_dim=_req(d, "index_head_dim", name),
+        index_topk=_req(d, "index_topk", name), sliding_window=_req(d, "sliding_window", name),
+        rope_theta=float(_opt(d, "rope_theta", 10000.0)),
+        compress_rope_theta=float(_opt(d, "compress_rope_theta", 160000.0)),
+        max_position_embeddings=int(_opt(d, "max_position_embeddings", 1048576)),
+        hc_mult=int(_opt(d, "hc_mult", 4)), hc_sinkhorn_iters=int(_opt(d, "hc_sinkhorn_iters", 20)),
+        hc_eps=float(_opt(d, "hc_eps", 1e-6)), rms_norm_eps=float(_opt(d, "rms_norm_eps", 1e-6)),
+        n_routed_experts=_req(d, "n_routed_experts", name),
+        n_shared_experts=int(_opt(d, "n_shared_experts", 1)),
+        num_experts_per_tok=_req(d, "num_experts_per_tok", name),
+        moe_intermediate_size=_req(d, "moe_intermediate_size", name),
+        scoring_func=str(_opt(d, "scoring_func", "sqrtsoftplus")),
+        routed_scaling_factor=float(_req(d, "routed_scaling_factor", name, (float, int))),
+        swiglu_limit=float(_req(d, "swiglu_limit", name, (float, int))),
+        num_nextn_predict_layers=int(_opt(d, "num_nextn_predict_layers", 1)),
+        bos_token_id=int(_opt(d, "bos_token_id", 0)), eos_token_id=int(eos),
+        name=name,
+    )
+
+
+def _storage_dtypes(d: Mapping[str, Any]) -> dict[str, Any]:
+    q = d.get("quantization_config")
+    expert_dtype = d.get("expert_dtype", (q or {}).get("expert_dtype") if isinstance(q, Mapping) else None)
+    if q:
+        dtype = "fp8"
+        expert_dtype = expert_dtype or "fp4"
+    else:
+        dtype = "bf16"
+    return dict(dtype=dtype, expert_dtype=expert_dtype, quantization_config=dict(q) if q else None)
+
+
+def _yarn_from(rs: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
+    rs = rs or {}
+    kind = rs.get("type", rs.get("rope_type", "yarn" if rs else None))
+    if rs and kind != "yarn":
+        raise ConfigError(f"config '{name}': rope_scaling.type: expected 'yarn', found {kind!r}")
+    return dict(rope_factor=float(rs.get("factor", 16.0)),
+                original_seq_len=int(rs.get("original_max_position_embeddings", 65536)),
+                beta_fast=float(rs.get("beta_fast", 32.0)), beta_slow=float(rs.get("beta_slow", 1.0)))
+
+
+def _from_hf(d: Mapping[str, Any], name: str) -> DSV4Config:
+    kw = _common_hf(d, name)
+    ratios = _req(d, "compress_ratios", name, list)
+    main, mtp = _split_ratios(ratios, kw["num_hidden_layers"], name)
+    csa, hca = _ratio_pair(main, d)
+    rope_dim = int(_req(d, "qk_rope_head_dim", name))
+    return DSV4Config(**kw, qk_rope_head_dim=rope_dim, compress_ratios=main, mtp_compress_ratios=mtp or (0,),
+                      csa_ratio=csa, hca_ratio=hca, num_hash_layers=int(_opt(d, "num_hash_layers", 3)),
+                      **_yarn_from(d.get("rope_scaling"), name), **_storage_dtypes(d))
+
+
+def _from_transformers(d: Mapping[str, Any], name: str) -> DSV4Config:
+    kw = _common_hf(d, name)
+    n = kw["num_hidden_layers"]
+    csa, hca = _ratio_pair((), d)
+    if "layer_types" in d and d["layer_types"] is not None:
+        lt = list(d["layer_types"])
+        bad = [t for t in lt if t not in _TF_LAYER_TYPE_INV]
+        if bad or len(lt) < n:
+            raise ConfigError(f"config '{name}': layer_types: expected {n} entries from "
+                              f"{sorted(_TF_LAYER_TYPE_INV)}, found {lt!r}")
+        kinds = [_TF_LAYER_TYPE_INV[t] for t in lt[:n]]
+        main = tuple(0 if k == "window" else (csa if k == "csa" else hca) for k in kinds)
+    elif "compress_ratios" in d:
+        main, _ = _split_ratios(d["compress_ratios"], n, name)
+    else:  # transformers' default schedule (the Pro pattern): 2x HCA, then alternating
+        main = tuple([hca] * min(n, 2) + [csa if i % 2 else hca for i in range(max(n - 2, 0))])
+    mlt = d.get("mlp_layer_types")
+    if mlt is not None:
+        mlt = list(mlt)
+        n_hash = sum(1 for t in mlt if t == "hash_moe")
+        if mlt[:n_hash] != ["hash_moe"] * n_hash or any(t not in ("hash_moe", "moe") for t in mlt):
+            raise ConfigError(f"config '{name}': mlp_layer_types: expected 'hash_moe' entries first, then "
+                              f"'moe', found {mlt!r}")
+    else:
+        n_hash = int(_opt(d, "num_hash_layers", 3))
+    if "qk_rope_head_dim" in d:
+        rope_dim = int(d["qk_rope_head_dim"])
+    else:
+        prf = d.get("partial_rotary_factor") or 64 / 512
+        rope_dim = int(round(kw["head_dim"] * float(prf)))
+    rp = d.get("rope_parameters") or {}
+    yarn_src = rp.get("compress") if isinstance(rp.get("compress"), Mapping) else d.get("rope_scaling")
+    if isinstance(rp.get("main"), Mapping) and "rope_theta" in rp["main"]:
+        kw["rope_theta"] = float(rp["main"]["rope_theta"])
+    if isinstance(rp.get("compress"), Mapping) and "rope_theta" in rp["compress"]:
+        kw["compress_rope_theta"] = float(rp["compress"]["rope_theta"])
+    yarn = _yarn_from({k: v for k, v in (yarn_src or {}).items()
+                       if k not in ("rope_theta", "partial_rotary_factor", "attention_factor")}, name)
+    return DSV4Config(**kw, qk_rope_head_dim=rope_dim, compress_ratios=main, csa_ratio=csa, hca_ratio=hca,
+                      num_hash_layers=n_hash, **yarn, **_storage_dtypes(d))
+
+
+_OFFICIAL = {  # ModelArgs name -> DSV4Config field
+    "vocab_size": "vocab_size", "dim": "hidden_size", "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads", "head_dim": "head_dim", "rope_head_dim": "qk_rope_head_dim",
+    "q_lora_rank": "q_lora_rank", "o_lora_rank": "o_lora_rank", "o_groups": "o_groups",
+    "index_n_heads": "index_n_heads", "index_head_dim": "index_head_dim", "index_topk": "index_topk",
+    "window_size": "sliding_window", "rope_theta": "rope_theta", "compress_rope_theta": "compress_rope_theta",
+    "rope_factor": "rope_factor", "original_seq_len": "original_seq_len", "beta_fast": "beta_fast",
+    "beta_slow": "beta_slow", "hc_mult": "hc_mult", "hc_sinkhorn_iters": "hc_sinkhorn_iters",
+    "hc_eps": "hc_eps", "norm_eps": "rms_norm_eps", "n_routed_experts": "n_routed_experts",
+    "n_shared_experts": "n_shared_experts", "n_activated_experts": "num_experts_per_tok",
+    "moe_inter_dim": "moe_intermediate_size", "n_hash_layers": "num_hash_layers", "score_func": "scoring_func",
+    "route_scale": "routed_scaling_factor", "swiglu_limit": "swiglu_limit", "n_mtp_layers":
+    "num_nextn_predict_layers", "dtype": "dtype", "expert_dtype": "expert_dtype",
+}
+_OFFICIAL_IGNORED = {"n_routed_experts_score", "scale_fmt", "scale_dtype", "max_batch_size", "max_seq_len",
+                     "compress_ratios"}
+
+
+def _from_official(d: Mapping[str, Any], name: str) -> DSV4Config:
+    unknown = sorted(set(d) - set(_OFFICIAL) - _OFFICIAL_IGNORED)
+    if unknown:
+        raise ConfigError(f"config '{name}': official ModelArgs config: unexpected keys {unknown}")
+    # Required: the official defaults describe a debug model (spec §1.1 DISAGREE), never rely on them.
+    for key in ("vocab_size", "dim", "n_layers", "n_heads", "moe_inter_dim", "n_routed_experts",
+                "n_activated_experts", "compress_ratios", "route_scale", "swiglu_limit", "compress_rope_theta",
+                "rope_factor", "original_seq_len"):
+        if key not in d:
+            raise ConfigError(f"config '{name}': official ModelArgs config: missing key '{key}'")
+    kw: dict[str, Any] = {_OFFICIAL[k]: v for k, v in d.items() if k in _OFFICIAL}
+    n = int(d["n_layers"])
+    main, mtp = _split_ratios(d["compress_ratios"], n, name)
+    csa, hca = _ratio_pair(main, d)
+    for k in ("rope_theta", "compress_rope_theta", "rope_factor", "beta_fast", "beta_slow", "hc_eps",
+              "rms_norm_eps", "routed_scaling_factor", "swiglu_limit"):
+        if k in kw:
+            kw[k] = float(kw[k])
+    kw.setdefault("n_shared_experts", 1)
+    kw.setdefault("num_hash_layers", 0)
+    if kw.get("dtype") == "fp8" and "expert_dtype" not in kw:
+        kw["expert_dtype"] = "fp4"
+    if kw.get("dtype", "fp8") == "bf16":
+        kw.setdefault("expert_dtype", None)
+    return DSV4Config(**kw, name=name, compress_ratios=main, mtp_compress_ratios=mtp or (0,),
+                      csa_ratio=csa, hca_ratio=hca)
+
+
+# ---- presets --------------------------------------------------------------------------------------
+def _flash() -> DSV4Config:
+    return DSV4Config(name="flash", compress_ratios=(0, 0) + (4, 128) * 20 + (4,))
+
+
+def _pro() -> DSV4Config:
+    return DSV4Config(
+        name="pro", hidden_size=7168, num_hidden_layers=61, num_attention_heads=128, q_lora_rank=1536,
+        o_groups=16, index_topk=1024, n_routed_experts=384, moe_intermediate_size=3072,
+        routed_scaling_factor=2.5, compress_ratios=(128, 128) + (4, 128) * 29 + (4,))
+
+
+def _tiny(name: str = "tiny", **over: Any) -> DSV4Config:
+    # Every layer kind inside the standard prompts: window (0), CSA (4) with index_topk below the
+    # number of entries, HCA (16) with >= 2 entries; hash-routed layers 0-1, score-routed 2-3.
+    # head_dim - rope = 64, index_head_dim = 128 (power of two, Hadamard 128), linear dims are
+    # multiples of 128 (FP8 128x128 blocks) with non-square block grids. Spec §14.
+    base = dict(
+        name=name, vocab_size=512, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, head_dim=128,
+        qk_rope_head_dim=64, q_lora_rank=128, o_lora_rank=128, o_groups=2, index_n_heads=4,
+        index_head_dim=128, index_topk=4, sliding_window=16, compress_ratios=(0, 4, 16, 4),
+        csa_ratio=4, hca_ratio=16, max_position_embeddings=1024, hc_mult=4, hc_sinkhorn_iters=20,
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, num_hash_layers=2,
+        routed_scaling_factor=1.5, swiglu_limit=10.0, num_nextn_predict_layers=1,
+    )
+    base.update(over)
+    return DSV4Config(**base)
+
+
+PRESETS = {
+    "flash": _flash,
+    "pro": _pro,
+    "tiny": _tiny,
+    # A deeper tiny model: more layers for localization and streaming studies.
+    "tiny-deep": lambda: _tiny("tiny-deep", num_hidden_layers=8, compress_ratios=(0, 4, 16, 4, 16, 4, 16, 4)),
+}
+REAL_PRESETS = ("flash", "pro")
+
+
+def preset(name: str) -> DSV4Config:
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ConfigError(f"unknown preset: expected one of {sorted(PRESETS)}, found {name!r}") from None
+
+
+def load_config(path_or_preset: str | Path) -> DSV4Config:
+    """A preset name, a config.json path, or a directory holding config.json."""
+    s = str(path_or_preset)
+    if s in PRESETS:
+        return preset(s)
+    p = Path(s)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.exists():
+        raise ConfigError(f"config: expected a preset ({sorted(PRESETS)}), a config.json or a directory holding "
+                          f"one, found {s!r}")
+    return DSV4Config.from_json(p)
+
+
+# ---- input validation shared by both model surfaces (compute-free) --------------------------------
+def check_token_ids(config: DSV4Config, ids: Any) -> None:
+    """Raise ValueError naming what is wrong with a prompt before any compute."""
+    import torch
+
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"input_ids: expected a torch integer tensor, found {type(ids).__name__}")
+    if ids.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        raise ValueError(f"input_ids: expected an integer dtype, found {ids.dtype}")
+    if ids.dim() not in (1, 2):
+        raise ValueError(f"input_ids: expected shape [T] or [B, T], found {tuple(ids.shape)}")
+    if ids.shape[-1] == 0:
+        raise ValueError("input_ids: expected at least one token, found an empty prompt")
+    if ids.shape[-1] > config.max_position_embeddings:
+        raise ValueError(f"input_ids: expected at most max_position_embeddings={config.max_position_embeddings} "
+                         f"tokens, found {ids.shape[-1]}")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= config.vocab_size:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"input_ids: expected ids in [0, {config.vocab_size}), found {bad}")
+
+
+def check_device_map(config: DSV4Config, device_map: Mapping[Any, str] | None) -> dict[Any, str]:
+    """Validate ``{layer index | 'embed' | 'head': device}``; every device must exist. Returns a full map."""
+    import torch
+
+    if device_map is None:
+        return {}
+    out: dict[Any, str] = {}
+    for key, dev in device_map.items():
+        if not (key in ("embed", "head") or (isinstance(key, int) and 0 <= key < config.num_hidden_layers)):
+            raise ValueError(f"device_map key: expected a layer index 0..{config.num_hidden_layers - 1}, "
+                             f"'embed' or 'head', found {key!r}")
+        try:
+            d = torch.device(dev)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device_map[{key!r}]: expected a device string, found {dev!r}") from None
+        if d.type == "cuda":
+            count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            idx = d.index or 0
+            if idx >= count:
+                raise ValueError(f"device_map[{key!r}]: expected an existing device (this machine has {count} "
+                                 f"CUDA device(s)), found {dev!r}")
+        elif d.type not in ("cpu", "meta"):
+            raise ValueError(f"device_map[{key!r}]: expected a 'cpu' or 'cuda[:N]' device, found {dev!r}")
+        out[key] = str(d)
+    return out
+
+
+def layer_devices(config: DSV4Config, device: str, device_map: Mapping[Any, str] | None) -> dict[Any, str]:
+    """Resolve the device of every layer, 'embed' and 'head' (missing keys take ``device``)."""
+    m = check_device_map(config, device_map)
+    keys: list[Any] = ["embed", *range(config.num_hidden_layers), "head"]
+    return {k: m.get(k, str(device)) for k in keys}

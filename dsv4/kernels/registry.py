@@ -1,0 +1,102 @@
+"""Backend registry: ``register_backend(name, factory)``; ``get_backend('auto', device)`` picks by device.
+
+External kernel packages plug in through the entry-point group ``dsv4_parity.backends`` (each entry
+point names a zero-argument callable that registers its backends), or by calling
+``register_backend`` themselves before the harness resolves ``--backend``.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .contract import Backend
+
+log = logging.getLogger(__name__)
+
+ENTRY_POINT_GROUP = "dsv4_parity.backends"
+
+
+class BackendError(RuntimeError):
+    """A backend was asked for that does not exist or cannot run on the requested device."""
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    name: str
+    factory: Callable[[torch.device], Backend]
+    # Which devices it can execute on: predicate over a torch.device.
+    supports: Callable[[torch.device], bool]
+    # Auto-selection order: higher wins among backends supporting the device.
+    priority: int = 0
+    # Shown in records: e.g. "compiled, not executed here" for a backend with no matching GPU.
+    note: str = ""
+
+
+_REGISTRY: dict[str, BackendInfo] = {}
+_ENTRY_POINTS_LOADED = False
+
+
+def register_backend(name: str, factory: Callable[[torch.device], Backend], *,
+                     supports: Callable[[torch.device], bool] = lambda d: True, priority: int = 0,
+                     note: str = "") -> None:
+    if not name or not isinstance(name, str):
+        raise BackendError(f"backend name: expected a non-empty string, found {name!r}")
+    _REGISTRY[name] = BackendInfo(name, factory, supports, priority, note)
+
+
+def _load_entry_points() -> None:
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()()
+        except Exception as e:  # a broken plugin must not break the built-in backends
+            log.warning("backend plugin %s failed to load: %s", ep.name, e)
+
+
+def _load_builtin() -> None:
+    # Importing registers them; kept lazy so `import dsv4` stays light.
+    from . import emulated  # noqa: F401
+    try:
+        from .cutedsl import register as _cute  # noqa: F401
+    except ImportError as e:  # the cutedsl extra is optional
+        log.debug("cutedsl backends unavailable: %s", e)
+
+
+def available_backends() -> dict[str, BackendInfo]:
+    _load_builtin()
+    _load_entry_points()
+    return dict(_REGISTRY)
+
+
+def get_backend(name: str = "auto", device: str | torch.device = "cpu") -> Backend:
+    """Resolve a backend for ``device``. ``auto`` takes the highest-priority backend supporting it."""
+    dev = torch.device(device)
+    infos = available_backends()
+    if name == "auto":
+        cands = sorted((i for i in infos.values() if i.supports(dev)), key=lambda i: -i.priority)
+        if not cands:
+            raise BackendError(f"no backend supports device {dev}; registered: {sorted(infos)}")
+        info = cands[0]
+    else:
+        if name not in infos:
+            raise BackendError(f"unknown backend: expected one of {sorted(infos) + ['auto']}, found {name!r}")
+        info = infos[name]
+        if not info.supports(dev):
+            raise BackendError(f"backend {name!r} cannot execute on device {dev}"
+                               f"{' (' + info.note + ')' if info.note else ''}")
+    return info.factory(dev)
+
+
+def backend_info(name: str) -> BackendInfo:
+    infos = available_backends()
+    if name not in infos:
+        raise BackendError(f"unknown backend: expected one of {sorted(infos)}, found {name!r}")
+    return infos[name]

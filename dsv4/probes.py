@@ -1,0 +1,171 @@
+"""Probe names (the normative list of design.md) and a tiny emit/record bus.
+
+Both models call ``emit(name, tensor)`` at every probe point. With no recorder active this is one
+ContextVar read and a ``None`` check, so it costs nothing measurable. The harness activates a
+``ProbeRecorder`` (a context manager) to capture tensors. No torch compute lives here: the
+reference may import this module.
+"""
+from __future__ import annotations
+
+import contextvars
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+# (probe name template, component class). Execution order within a layer.
+LAYER_PROBES: tuple[tuple[str, str], ...] = (
+    ("hc.attn.pre", "mhc"),
+    ("attn.q", "attn_q"),
+    ("attn.kv", "attn_kv"),
+    ("attn.compressed_kv", "compressor"),
+    ("attn.indexer.q", "indexer_q"),
+    ("attn.indexer.k", "indexer_q"),
+    ("attn.indexer.scores", "indexer_weights"),
+    ("attn.indexer.topk", "indexer_weights"),
+    ("attn.core", "attention"),
+    ("attn.out", "attn_o"),
+    ("hc.attn.post", "mhc"),
+    ("hc.ffn.pre", "mhc"),
+    ("ffn.router.logits", "router"),
+    ("ffn.router.topk_ids", "router"),
+    ("ffn.router.weights", "router"),
+    ("ffn.routed.out", "routed_experts"),
+    ("ffn.shared.out", "shared_expert"),
+    ("ffn.out", "moe"),
+    ("out", "mhc"),
+)
+GLOBAL_PROBES_BEFORE: tuple[tuple[str, str], ...] = (("embed", "embed"),)
+GLOBAL_PROBES_AFTER: tuple[tuple[str, str], ...] = (("hc_head", "mhc"), ("final_norm", "final_norm"),
+                                                    ("logits", "lm_head"))
+
+# Plan classes (have weights, can be flipped) and localization-only classes.
+PLAN_CLASSES = ("lm_head", "router", "shared_expert", "routed_experts", "attn_q", "attn_kv", "attn_o",
+                "compressor", "indexer_q", "indexer_weights", "kv_cache")
+LOCALIZATION_CLASSES = ("mhc", "attention", "moe", "embed", "final_norm")
+
+# Integer-valued probes: compared by selection agreement, never by cosine.
+SELECTION_PROBES = ("attn.indexer.topk", "ffn.router.topk_ids")
+
+_LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
+_LAYER_CLASS = dict(LAYER_PROBES)
+_GLOBAL_CLASS = dict(GLOBAL_PROBES_BEFORE + GLOBAL_PROBES_AFTER)
+
+
+def layer_probe(layer: int, suffix: str) -> str:
+    return f"layers.{layer}.{suffix}"
+
+
+def probe_names(num_layers: int, layer_kinds: list[str] | None = None) -> list[str]:
+    """Every probe name in execution order. ``layer_kinds`` ('window'/'csa'/'hca' per layer) drops
+    probes a layer kind never emits (no compressor on window layers, no indexer outside CSA)."""
+    names = [n for n, _ in GLOBAL_PROBES_BEFORE]
+    for i in range(num_layers):
+        kind = layer_kinds[i] if layer_kinds else "csa"
+        for suffix, _ in LAYER_PROBES:
+            if suffix == "attn.compressed_kv" and kind == "window":
+                continue
+            if suffix.startswith("attn.indexer.") and kind != "csa":
+                continue
+            names.append(layer_probe(i, suffix))
+    names += [n for n, _ in GLOBAL_PROBES_AFTER]
+    return names
+
+
+def parse_probe(name: str) -> tuple[int | None, str]:
+    """``'layers.3.attn.q'`` -> ``(3, 'attn.q')``; ``'logits'`` -> ``(None, 'logits')``.
+    Raises KeyError for a name outside the normative list."""
+    m = _LAYER_RE.match(name)
+    if m:
+        suffix = m.group(2)
+        if suffix not in _LAYER_CLASS:
+            raise KeyError(f"unknown probe {name!r}: suffix {suffix!r} is not one of {sorted(_LAYER_CLASS)}")
+        return int(m.group(1)), suffix
+    if name not in _GLOBAL_CLASS:
+        raise KeyError(f"unknown probe {name!r}: expected 'layers.<i>.<suffix>' or one of {sorted(_GLOBAL_CLASS)}")
+    return None, name
+
+
+def component_of(name: str) -> str:
+    layer, suffix = parse_probe(name)
+    return _LAYER_CLASS[suffix] if layer is not None else _GLOBAL_CLASS[suffix]
+
+
+# ---- the bus ------------------------------------------------------------------------------------
+_ACTIVE: contextvars.ContextVar["ProbeRecorder | None"] = contextvars.ContextVar("dsv4_probe_recorder",
+                                                                                   default=None)
+
+
+def active() -> bool:
+    return _ACTIVE.get() is not None
+
+
+def emit(name: str, value: Any) -> None:
+    """Publish a probe value. Cheap no-op unless a recorder is active."""
+    rec = _ACTIVE.get()
+    if rec is not None:
+        rec._take(name, value)
+
+
+@dataclass
+class ProbeRecorder:
+    """Collects emitted tensors while active.
+
+    ``include``: optional predicate or regex on the probe name. ``keep='last'`` keeps the last value
+    per name (prefill); ``'all'`` appends every emission (decode steps). Tensors are detached and, if
+    ``to_cpu``, copied to the CPU so device memory is not pinned by the harness.
+    """
+
+    include: Callable[[str], bool] | str | None = None
+    keep: str = "last"
+    to_cpu: bool = False
+    values: dict[str, Any] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+    _token: Any = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.keep not in ("last", "all"):
+            raise ValueError(f"ProbeRecorder.keep: expected 'last' or 'all', found {self.keep!r}")
+        if isinstance(self.include, str):
+            pat = re.compile(self.include)
+            self.include = lambda n: bool(pat.search(n))
+
+    def _take(self, name: str, value: Any) -> None:
+        if self.include is not None and not self.include(name):  # type: ignore[operator]
+            return
+        if hasattr(value, "detach"):
+            value = value.detach()
+            if self.to_cpu:
+                value = value.to("cpu")
+        if name not in self.values:
+            self.order.append(name)
+        if self.keep == "all":
+            self.values.setdefault(name, []).append(value)
+        else:
+            self.values[name] = value
+
+    def __enter__(self) -> "ProbeRecorder":
+        self._token = _ACTIVE.set(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _ACTIVE.reset(self._token)
+        self._token = None
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.order)
+
+
+class suspended:
+    """Context manager: no probes are recorded inside (e.g. the harness's own helper forwards)."""
+
+    def __enter__(self) -> None:
+        self._token = _ACTIVE.set(None)
+
+    def __exit__(self, *exc: Any) -> None:
+        _ACTIVE.reset(self._token)
