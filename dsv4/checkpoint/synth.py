@@ -272,7 +272,7 @@ def write_checkpoint(out: Path, c: DSV4Config, tensors: dict[str, torch.Tensor],
             size = 0
         shards[-1][name] = t
         size += nbytes
-    meta = {"format": "pt", "producer": f"dsv4-parity synth v{SYNTH_VERSION}"}
+    meta = {"format": "pt"}   # one key only: safetensors writes metadata maps in random order
     if len(shards) == 1:
         save_file(shards[0], str(out / "model.safetensors"), metadata=meta)
     else:
