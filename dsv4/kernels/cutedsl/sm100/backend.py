@@ -1,0 +1,148 @@
+"""``Sm100Backend``: the contract's requests -> validated, packed launch arguments -> the sm_100a kernel.
+
+``prepare_gemm`` / ``prepare_grouped`` do all host-side work (contract validation, TMA constraints,
+scale swizzling at the edge, the SwiGLU view of B, alphas, the grouped tile schedule, output
+allocation) in plain torch on whatever device the tensors live on, so CPU tests cover them.
+``gemm`` / ``grouped_gemm`` add the device check, fetch the compiled executor from the cache and
+launch. This module does not import ``cutlass``; ``launch.py`` is loaded on the first launch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...contract import (ActQuantRequest, FP4Operand, GemmRequest, GroupedGemmRequest,
+                         KernelContractError)
+from ..common import KernelCache, check_cuda, expect
+from .layout import (TILE_M, KernelConfig, choose_config, grouped_schedule, swiglu_half_scales,
+                     swizzled_scales, launch_problems)
+
+ARCH_MAJOR = 10  # tcgen05 block-scaled MMAs: sm_100a / sm_103a
+DTYPES = "e2m1.e4m3x16.bf16"  # operand / scale / output types: part of every cache key
+
+
+@dataclass(frozen=True)
+class LaunchArgs:
+    """Everything one launch needs. ``b`` is viewed by the kernel as ``lb`` batches of ``nb`` rows;
+    ``sfa`` / ``sfb`` are flat 32_4_4 bytes (``sfb`` per batch); ``sched`` is int32 ``[W, 4]``
+    (grouped) or an unused ``[1, 4]`` placeholder (dense); ``num_work`` = grid x."""
+
+    cfg: KernelConfig
+    a: torch.Tensor
+    b: torch.Tensor
+    sfa: torch.Tensor
+    sfb: torch.Tensor
+    alpha: torch.Tensor
+    sched: torch.Tensor
+    out: torch.Tensor
+    m: int
+    nb: int
+    k: int
+    lb: int
+    num_work: int
+    swiglu_limit: float
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return self.num_work, -(-self.nb // self.cfg.bn), 1
+
+
+def _check_launchable(m: int, nb: int, k: int, **tensors: torch.Tensor) -> None:
+    problems = launch_problems(m, nb, k, tensors)
+    if problems:
+        raise KernelContractError("; ".join(problems))
+
+
+def _b_view(b: FP4Operand, experts: int, swiglu: bool) -> tuple[torch.Tensor, int, int]:
+    """(flat swizzled SFB for the kernel's batches, rows per batch, batch count)."""
+    n = b.rows // experts
+    if not swiglu:
+        return swizzled_scales(b.scales, b.scale_layout, b.rows, b.k, experts), n, experts
+    if b.scale_layout == "linear":  # the halves are contiguous row blocks: swizzle each one directly
+        return swizzled_scales(b.scales, "linear", b.rows, b.k, 2 * experts), n // 2, 2 * experts
+    return swiglu_half_scales(b.scales, experts, n, b.k), n // 2, 2 * experts
+
+
+class Sm100Backend:
+    """NVFP4 GEMMs on sm_100a (B200) through CuTe DSL ``tcgen05`` block-scaled kernels."""
+
+    name = "cutedsl_sm100"
+
+    def __init__(self, device: str | torch.device = "cuda"):
+        self.device = torch.device(device)
+        self.cache = KernelCache()
+        self._act_quant: dict[str, object] = {}  # arch -> ActQuantRunner (its own compile cache)
+
+    # ---- host-side packing (device-agnostic) ----------------------------------------------------
+    def prepare_gemm(self, req: GemmRequest) -> LaunchArgs:
+        req.validate()
+        return self._prepare_gemm(req)
+
+    def prepare_grouped(self, req: GroupedGemmRequest) -> LaunchArgs:
+        req.validate()
+        return self._prepare_grouped(req)
+
+    def _prepare_gemm(self, req: GemmRequest) -> LaunchArgs:
+        a, b, swiglu = req.a, req.b, req.swiglu_limit is not None
+        sfa = swizzled_scales(a.scales, a.scale_layout, a.rows, a.k)
+        sfb, nb, lb = _b_view(b, 1, swiglu)
+        _check_launchable(a.rows, nb, a.k, a=a.packed, b=b.packed, a_scales=sfa, b_scales=sfb)
+        dev = a.device
+        return LaunchArgs(
+            cfg=choose_config(a.rows, nb, swiglu=swiglu, grouped=False), a=a.packed, b=b.packed,
+            sfa=sfa, sfb=sfb, alpha=(a.global_scale * b.global_scale).reshape(1),
+            sched=torch.empty(1, 4, dtype=torch.int32, device=dev),  # never read by the dense kernel
+            out=torch.empty(a.rows, nb, dtype=torch.bfloat16, device=dev), m=a.rows, nb=nb, k=a.k,
+            lb=lb, num_work=-(-a.rows // TILE_M), swiglu_limit=float(req.swiglu_limit or 0.0))
+
+    def _prepare_grouped(self, req: GroupedGemmRequest) -> LaunchArgs:
+        a, b, e, swiglu = req.a, req.b, req.num_experts, req.swiglu_limit is not None
+        sfa = swizzled_scales(a.scales, a.scale_layout, a.rows, a.k)
+        sfb, nb, lb = _b_view(b, e, swiglu)
+        _check_launchable(a.rows, nb, a.k, a=a.packed, b=b.packed, a_scales=sfa, b_scales=sfb)
+        # The schedule is built on the host (validate() reads the offsets there too): a second
+        # small device->host copy, before the launch.
+        sched = grouped_schedule(req.offsets.to("cpu").tolist()).to(a.device)
+        return LaunchArgs(
+            cfg=choose_config(a.rows, nb, swiglu=swiglu, grouped=True), a=a.packed, b=b.packed,
+            sfa=sfa, sfb=sfb, alpha=req.alphas.contiguous(), sched=sched,
+            out=torch.empty(a.rows, nb, dtype=torch.bfloat16, device=a.device), m=a.rows, nb=nb,
+            k=a.k, lb=lb, num_work=int(sched.shape[0]), swiglu_limit=float(req.swiglu_limit or 0.0))
+
+    # ---- launches --------------------------------------------------------------------------------
+    def _check_device(self, t: torch.Tensor) -> str:
+        check_cuda(t, "operands")
+        cap = torch.cuda.get_device_capability(t.device)
+        expect(cap[0] == ARCH_MAJOR, "device compute capability", f"({ARCH_MAJOR}, x) (sm_100a family)", cap)
+        return f"sm_{cap[0]}{cap[1]}a"
+
+    def _run(self, args: LaunchArgs, arch: str) -> torch.Tensor:
+        if args.m == 0 or args.num_work == 0 or args.nb == 0:
+            return args.out  # nothing to compute; a zero-sized grid is not launchable
+        from . import launch  # imports cutlass
+
+        exe = self.cache.get((arch, args.cfg, DTYPES, "swiglu" if args.cfg.swiglu else "alpha"),
+                             lambda: launch.compile_kernel(args.cfg, arch))
+        launch.launch(exe, args)
+        return args.out
+
+    def gemm(self, req: GemmRequest) -> torch.Tensor:
+        req.validate()
+        arch = self._check_device(req.a.packed)
+        return self._run(self._prepare_gemm(req), arch)
+
+    def grouped_gemm(self, req: GroupedGemmRequest) -> torch.Tensor:
+        req.validate()
+        arch = self._check_device(req.a.packed)
+        return self._run(self._prepare_grouped(req), arch)
+
+    def quantize_activation(self, req: ActQuantRequest) -> FP4Operand:
+        """The shared CuTe DSL quantizer (``cutedsl/act_quant.py``), compiled for this device's arch."""
+        req.validate()
+        arch = self._check_device(req.x)
+        if arch not in self._act_quant:
+            from ..act_quant_host import ActQuantRunner  # imports cutlass
+
+            self._act_quant[arch] = ActQuantRunner(arch)
+        return self._act_quant[arch].run(req)
