@@ -1,0 +1,99 @@
+"""Lightning indexer (spec §7): picks, per query, ``index_topk`` compressed entries of a CSA layer.
+
+``q = wq_b(q_lat)`` (no per-head norm), RoPE on the trailing dims (interleaved; never the V3.2
+layout), keys from the indexer's own overlapping compressor (norm + RoPE at ``4j``); both go through
+the plan's QK treatment (``dsv4.plan.INDEXER_QK_TREATMENT``: the official Hadamard + FP4 fake
+quantization, or nothing). ``I(t, j) = sum_h w_{t,h} ReLU(q_{t,h} . K_j)`` with
+``w = weights_proj(x) * di^-1/2 * Hi^-1/2``; entries ``j >= (t+1)//m`` are masked to -inf; top-k with
+``k = min(index_topk, N)``; a selected entry that is still masked becomes -1.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .. import probes
+from ..numerics import fp4_fake_quantize_pow2, hadamard_transform
+from .compressor import Compressor
+from .kv_cache import LayerCache
+from .linear import Linear
+from .norm import NormedInput
+from .rope import Rope
+
+INDEXER_FP4_BLOCK = 32
+
+
+def _hadamard_fp4(t: torch.Tensor) -> torch.Tensor:
+    """Hadamard(di)/sqrt(di), then E2M1 fake quantization with power-of-two scales per 32 (spec §12)."""
+    return fp4_fake_quantize_pow2(hadamard_transform(t), INDEXER_FP4_BLOCK)
+
+
+QK_TREATMENTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "hadamard+fp4": _hadamard_fp4,
+    "none": lambda t: t,
+}
+
+
+class Indexer:
+    def __init__(self, prefix: str, wq_b: Linear, weights_proj: Linear, compressor: Compressor, rope: Rope, *,
+                 n_heads: int, head_dim: int, topk: int, ratio: int, qk_treatment: str) -> None:
+        self.prefix = prefix
+        self.wq_b, self.weights_proj, self.compressor = wq_b, weights_proj, compressor
+        self.rope = rope
+        self.n_heads, self.head_dim, self.topk, self.ratio = n_heads, head_dim, topk, ratio
+        self.qk_treatment = qk_treatment
+        self.qk_quant = QK_TREATMENTS[qk_treatment]
+
+    def query(self, q_lat: torch.Tensor | NormedInput) -> torch.Tensor:
+        return self.wq_b(q_lat).unflatten(-1, (self.n_heads, self.head_dim))
+
+    def apply_rope(self, t: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.rope.apply(t, positions)
+
+    def rotate_quantize(self, t: torch.Tensor) -> torch.Tensor:
+        return self.qk_quant(t)
+
+    def head_weights(self, x: torch.Tensor | NormedInput) -> torch.Tensor:
+        """``weights_proj(x) * di^-1/2 * Hi^-1/2`` in FP32 ``[T, Hi]`` (constants from the indexer sizes)."""
+        return self.weights_proj(x).to(torch.float32) * (self.head_dim ** -0.5 * self.n_heads ** -0.5)
+
+    def scores(self, q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``I(t, j) = sum_h w[t, h] * relu(q[t, h] . K[j])`` in FP32 ``[T, N]``."""
+        dots = torch.einsum("thd,nd->thn", q.to(torch.float32), keys.to(torch.float32))
+        return torch.einsum("th,thn->tn", w, torch.relu(dots))
+
+    def causal_mask(self, scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """-inf where entry j has not closed at query t: ``j >= (t+1) // m``."""
+        limit = (positions + 1) // self.ratio
+        j = torch.arange(scores.shape[1], device=scores.device)
+        return scores.masked_fill(j[None, :] >= limit[:, None], float("-inf"))
+
+    def select(self, masked: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Top ``min(index_topk, N)`` ids per row, invalid -> -1, sorted ascending with -1 last."""
+        k = min(self.topk, masked.shape[1])
+        # ReLU scores are often exactly equal (all heads negative -> 0): break ties toward the lower
+        # entry id with a stable sort, so the selection is deterministic (torch.topk's is not).
+        idx = masked.sort(dim=-1, descending=True, stable=True).indices[:, :k]
+        limit = ((positions + 1) // self.ratio)[:, None]
+        big = torch.iinfo(torch.int64).max
+        idx = torch.where(idx < limit, idx, torch.full_like(idx, big)).sort(dim=-1).values
+        return torch.where(idx == big, torch.full_like(idx, -1), idx)
+
+    def update_keys(self, x: torch.Tensor | NormedInput, cache: LayerCache, start: int) -> torch.Tensor:
+        new, _ = self.compressor(x, cache.index_compressor, start)
+        probes.emit(self.prefix + "attn.indexer.k", new)
+        new = self.rotate_quantize(new)
+        cache.index_keys = new if cache.index_keys is None else torch.cat((cache.index_keys, new))
+        return cache.index_keys
+
+    def __call__(self, x: torch.Tensor | NormedInput, q_lat: torch.Tensor | NormedInput, positions: torch.Tensor,
+                 cache: LayerCache, start: int) -> torch.Tensor:
+        q = self.apply_rope(self.query(q_lat), positions)
+        probes.emit(self.prefix + "attn.indexer.q", q)
+        keys = self.update_keys(x, cache, start)
+        masked = self.causal_mask(self.scores(self.rotate_quantize(q), keys, self.head_weights(x)), positions)
+        probes.emit(self.prefix + "attn.indexer.scores", masked)
+        topk = self.select(masked, positions)
+        probes.emit(self.prefix + "attn.indexer.topk", topk)
+        return topk
