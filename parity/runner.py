@@ -1,0 +1,126 @@
+"""Drive one model through the surface of docs/model_surface.md and capture its probes.
+
+* :func:`run_propagated`: ``model(ids)`` under a :class:`~dsv4.probes.ProbeRecorder` (every probe),
+  plus ``model.embed(ids)`` (the streams entering layer 0, needed when this side anchors an
+  isolated comparison).
+* :func:`run_isolated`: the test model layer by layer, each ``layer(i, X, state)`` fed the
+  **anchor's** input to that layer (the anchor's ``layers.{i-1}.out`` probe, or its ``embed(ids)``
+  streams for i = 0) and ``head`` fed the anchor's last ``out`` — so each probe's error is local.
+
+Models are built through :class:`ModelLoaders` (the real ``reference.load_model`` /
+``dsv4.load_model`` by default; tests and the bug zoo pass their own).
+"""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol
+
+import torch
+
+from dsv4.probes import ProbeRecorder, layer_probe, suspended
+
+from .errors import SurfaceError
+
+STREAMS_KEY = "__embed_streams__"   # the anchor's embed(ids) output, stored beside its probes
+
+
+class ModelLoaders(Protocol):
+    def reference(self, path: str, *, profile: str, dtype: torch.dtype, device: str,
+                  device_map: Mapping[Any, str] | None) -> Any: ...
+
+    def native(self, path: str, *, plan: Any, backend: str, device: str,
+               device_map: Mapping[Any, str] | None) -> Any: ...
+
+
+class DefaultLoaders:
+    """The project's two models (imported lazily so the harness imports without them)."""
+
+    def reference(self, path: str, *, profile: str, dtype: torch.dtype, device: str,
+                  device_map: Mapping[Any, str] | None) -> Any:
+        import reference
+
+        return reference.load_model(path, profile=profile, dtype=dtype, device=device, device_map=device_map)
+
+    def native(self, path: str, *, plan: Any, backend: str, device: str,
+               device_map: Mapping[Any, str] | None) -> Any:
+        import dsv4
+
+        return dsv4.load_model(path, plan=plan, backend=backend, device=device, device_map=device_map)
+
+
+@dataclass
+class SideOutput:
+    """One model's prefill of one prompt: probes (CPU), streams into layer 0, timings (seconds)."""
+
+    probes: dict[str, torch.Tensor]
+    streams: torch.Tensor
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        return self.probes["logits"]
+
+    def layer_input(self, i: int) -> torch.Tensor:
+        """The streams entering layer ``i`` (what isolated mode feeds the test layer)."""
+        return self.streams if i == 0 else self.probes[layer_probe(i - 1, "out")]
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _on_cpu(device: str) -> bool:
+    return torch.device(device).type == "cpu"
+
+
+def run_propagated(model: Any, ids: torch.Tensor, device: str = "cpu") -> SideOutput:
+    """Prefill ``ids`` with every probe recorded; ``seconds['forward']`` is the model call alone."""
+    ids_dev = ids.to(device) if not _on_cpu(device) else ids
+    rec = ProbeRecorder(to_cpu=not _on_cpu(device))
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad(), rec:
+        logits = model(ids_dev)
+    _sync(device)
+    t1 = time.perf_counter()
+    probes = dict(rec.values)
+    if "logits" not in probes:
+        raise SurfaceError(f"{type(model).__name__}: emitted no 'logits' probe (docs/model_surface.md)")
+    if tuple(logits.shape) != tuple(probes["logits"].shape):
+        raise SurfaceError(f"{type(model).__name__}: returned logits {tuple(logits.shape)} but the 'logits' "
+                           f"probe has shape {tuple(probes['logits'].shape)}")
+    with torch.no_grad(), suspended():
+        streams = model.embed(ids_dev).detach().to("cpu")
+    return SideOutput(probes, streams, {"forward": t1 - t0})
+
+
+def run_isolated(model: Any, ids: torch.Tensor, anchor: SideOutput, num_layers: int,
+                 device: str = "cpu") -> tuple[dict[str, torch.Tensor], float]:
+    """The test model's probes with every layer fed the anchor's layer input; returns (probes, seconds)."""
+    ids_dev = ids.to(device) if not _on_cpu(device) else ids
+    rec = ProbeRecorder(to_cpu=not _on_cpu(device))
+    missing = [layer_probe(i, "out") for i in range(num_layers) if layer_probe(i, "out") not in anchor.probes]
+    if missing:
+        raise SurfaceError(f"isolated mode needs the anchor's layer outputs, missing {missing}")
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad(), rec:
+        state = model.new_state(ids_dev)
+        model.embed(ids_dev)
+        for i in range(num_layers):
+            model.layer(i, anchor.layer_input(i), state)
+        model.head(anchor.probes[layer_probe(num_layers - 1, "out")])
+    _sync(device)
+    return dict(rec.values), time.perf_counter() - t0
+
+
+def free_memory(device: str) -> None:
+    """Give a dropped model's device memory back before the next one is built. Only on CUDA: on the
+    CPU reference counting frees the model at once, and a full ``gc.collect`` cost 0.2 s a call
+    (a third of a tiny run's harness overhead)."""
+    if torch.device(device).type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()

@@ -1,0 +1,304 @@
+"""The three columns (parity-methods.md §5), each a pair of models compared per probe and on logits:
+
+* **logic**      = reference ``bf16`` profile  <-> native ``all-bf16`` plan, ``emulated`` backend.
+  Both sides compute in BF16, so any gap above BF16 noise is a layer bug. Always anchored by the
+  ``bf16`` reference profile, whatever ``--profile`` says (an ``official`` reference fake-quantizes
+  activations, which is not BF16 noise).
+* **floor**      = reference (``--profile``) <-> native with the chosen plan on ``emulated``: what
+  NVFP4 costs. Only a floor when the logic column passes (see :mod:`parity.verdict`).
+* **bug_budget** = native plan on ``emulated`` <-> the same plan on a kernel backend: should be ~0.
+  Absent, with the reason, when no kernel backend executes on the device (always on CPU).
+
+Models are built one at a time and released before the next, so peak memory is one model plus
+probes on the host. Each column runs both compare modes: propagated and isolated (the test side's
+layer ``i`` fed the anchor's input to layer ``i``; for bug_budget the anchor is the emulated run).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from dsv4.kernels.registry import available_backends
+from dsv4.plan import PrecisionPlan
+
+from .compare import CompareSettings, Where, compare_probes
+from .env import code_version, device_name, versions
+from .errors import ParityInputError
+from .inputs import EncodedPrompt
+from .logits_stats import FIRST_PREFIX, PositionStats, summarize
+from .records import ALL_PROMPTS, COMPARE_MODES, RunContext, new_run_id
+from .refcache import ReferenceCache, cache_key, dtype_name
+from .rules import RuleSet
+from .runner import DefaultLoaders, ModelLoaders, SideOutput, free_memory, run_isolated, run_propagated
+from .source import CheckpointSource
+
+COLUMNS = ("logic", "floor", "bug_budget")
+EMULATED = "emulated"
+LOGIC_PLAN = "all-bf16"
+LOGIC_PROFILE = "bf16"
+# progress(description, done, total): called as work advances (the CLI draws rich progress bars).
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass
+class RunSpec:
+    source: CheckpointSource
+    prompts: Sequence[EncodedPrompt]
+    plan: PrecisionPlan = field(default_factory=lambda: PrecisionPlan.preset("default"))
+    backend: str = "auto"
+    profile: str = "bf16"
+    device: str = "cpu"
+    device_map: Mapping[Any, str] | None = None
+    ref_dtype: torch.dtype = torch.bfloat16
+    settings: CompareSettings = field(default_factory=CompareSettings)
+    reference_cache: Path | None = None
+    columns: Sequence[str] = COLUMNS
+    modes: Sequence[str] = COMPARE_MODES
+    fault: str | None = None
+    run_id: str = field(default_factory=new_run_id)
+
+
+@dataclass
+class ForwardTime:
+    column: str
+    side: str        # "reference:<profile>", "native:<plan>/<backend>"
+    prompt_id: str
+    mode: str        # propagated | isolated | cached
+    seconds: float
+    tokens: int
+
+
+@dataclass
+class ColumnResult:
+    name: str
+    anchor: str
+    test: str
+    ran: bool
+    reason: str = ""
+    load_seconds: float = 0.0
+    test_describe: dict[str, Any] = field(default_factory=dict)
+    # prompt id -> (anchor logits, test logits) at the first-token position, fp32 [V]
+    last_logits: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    kernels_missing: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ThreeWayResult:
+    spec: RunSpec
+    records: list[dict[str, Any]]
+    columns: dict[str, ColumnResult]
+    forwards: list[ForwardTime]
+    reference_load_seconds: float = 0.0
+    cache_hits: int = 0
+
+
+def settings_from_rules(rules: RuleSet, per_token: bool = False) -> CompareSettings:
+    return CompareSettings(near_tie=rules.setting("near_tie_logprob"), router_tie=rules.setting("router_tie_margin"),
+                           indexer_tie=rules.setting("indexer_tie_margin"), per_token=per_token)
+
+
+def resolve_kernel_backend(requested: str, device: str) -> tuple[str | None, str]:
+    """(kernel backend name, reason when None). ``auto`` picks the highest-priority non-emulated
+    backend that executes on ``device``; an explicit name must exist and execute there (else a
+    bad-input error)."""
+    dev = torch.device(device)
+    infos = available_backends()
+    if requested == EMULATED:
+        return None, "backend 'emulated' requested: no kernel backend to compare against"
+    if requested != "auto":
+        if requested not in infos:
+            raise ParityInputError(f"backend: expected one of {sorted(infos) + ['auto']}, found {requested!r}")
+        info = infos[requested]
+        if not info.supports(dev):
+            raise ParityInputError(f"backend {requested!r} cannot execute on device {dev}"
+                                   f"{' (' + info.note + ')' if info.note else ''}")
+        return requested, ""
+    cands = sorted((i for i in infos.values() if i.name != EMULATED and i.supports(dev)), key=lambda i: -i.priority)
+    if cands:
+        return cands[0].name, ""
+    others = sorted(n for n in infos if n != EMULATED)
+    listed = f" (registered: {', '.join(others)})" if others else ""
+    return None, f"no kernel backend executes on {dev.type}{listed}"
+
+
+def run_context(spec: RunSpec, *, plan: str, profile: str, backend: str) -> RunContext:
+    """The record fields shared by one measured pair of ``spec``."""
+    src = spec.source
+    return RunContext(run_id=spec.run_id, code_version=code_version(), checkpoint_fingerprint=src.fingerprint,
+                      config_name=src.config_name, plan=plan, profile=profile, backend=backend,
+                      device=device_name(spec.device), versions=versions(), seed=src.seed, fault=spec.fault)
+
+
+def set_mode_of(prompts: Sequence[EncodedPrompt]) -> str:
+    """prompt_mode of run-level aggregates: the prompts' common mode, or 'mixed'."""
+    modes = {p.mode for p in prompts}
+    return modes.pop() if len(modes) == 1 else "mixed"
+
+
+class _Runner:
+    def __init__(self, spec: RunSpec, loaders: ModelLoaders, progress: Progress | None) -> None:
+        self.spec, self.loaders = spec, loaders
+        self.progress = progress or (lambda *_: None)
+        self.cache = ReferenceCache(spec.reference_cache) if spec.reference_cache else None
+        self.refs: dict[str, list[SideOutput]] = {}
+        self.forwards: list[ForwardTime] = []
+        self.records: list[dict[str, Any]] = []
+        self.ref_load_seconds = 0.0
+
+    # ---- the reference side ---------------------------------------------------------------------
+    def reference(self, profile: str) -> list[SideOutput]:
+        if profile in self.refs:
+            return self.refs[profile]
+        spec, src = self.spec, self.spec.source
+        keys = [cache_key(src.fingerprint, profile, dtype_name(spec.ref_dtype), p.ids) for p in spec.prompts]
+        outs: list[SideOutput | None] = [self.cache.load(k) if self.cache else None for k in keys]
+        model = None
+        label = f"reference:{profile}"
+        for n, (p, key) in enumerate(zip(spec.prompts, keys)):
+            self.progress(f"{label} forward", n, len(spec.prompts))
+            if outs[n] is not None:
+                self.forwards.append(ForwardTime("reference", label, p.id, "cached", 0.0, p.n_tokens))
+                continue
+            if model is None:
+                self.progress(f"load {label}", 0, 1)
+                t0 = _now()
+                model = self.loaders.reference(str(src.path), profile=profile, dtype=spec.ref_dtype,
+                                               device=spec.device, device_map=spec.device_map)
+                self.ref_load_seconds += _now() - t0
+                self.progress(f"load {label}", 1, 1)
+            out = run_propagated(model, p.tensor(), spec.device)
+            self.forwards.append(ForwardTime("reference", label, p.id, "propagated", out.seconds["forward"],
+                                             p.n_tokens))
+            if self.cache:
+                self.cache.store(key, out, prompt_id=p.id, fingerprint=src.fingerprint, profile=profile, ids=p.ids)
+            outs[n] = out
+        self.progress(f"{label} forward", len(spec.prompts), len(spec.prompts))
+        model = None
+        free_memory(self.spec.device)
+        self.refs[profile] = [o for o in outs if o is not None]
+        return self.refs[profile]
+
+    # ---- one column ----------------------------------------------------------------------------------
+    def column(self, name: str, anchors: Sequence[SideOutput], *, plan: PrecisionPlan, backend: str,
+               anchor_label: str, profile: str, keep_outputs: bool = False) -> tuple[ColumnResult, list[SideOutput]]:
+        spec = self.spec
+        label = f"native:{plan.name}/{backend}"
+        self.progress(f"load {label}", 0, 1)
+        t0 = _now()
+        model = self.loaders.native(str(spec.source.path), plan=plan, backend=backend, device=spec.device,
+                                    device_map=spec.device_map)
+        result = ColumnResult(name, anchor_label, label, True, load_seconds=_now() - t0,
+                              test_describe=dict(getattr(model, "describe", dict)()))
+        self.progress(f"load {label}", 1, 1)
+        if getattr(model, "fingerprint", spec.source.fingerprint) != spec.source.fingerprint:
+            raise ParityInputError(f"{label}: loaded checkpoint fingerprint {model.fingerprint} differs from "
+                                   f"{spec.source.fingerprint}")
+        ctx = run_context(spec, plan=plan.name, profile=profile, backend=backend)
+        stats: dict[str, list[PositionStats]] = {m: [] for m in spec.modes}
+        kept: list[SideOutput] = []
+        L = spec.source.config.num_hidden_layers
+        for n, (p, anchor) in enumerate(zip(spec.prompts, anchors)):
+            self.progress(f"{name}: {label} forward", n, len(spec.prompts))
+            ids = p.tensor()
+            out = run_propagated(model, ids, spec.device)
+            self.forwards.append(ForwardTime(name, label, p.id, "propagated", out.seconds["forward"], p.n_tokens))
+            tests = {"propagated": out.probes}
+            if "isolated" in spec.modes:
+                iso, secs = run_isolated(model, ids, anchor, L, spec.device)
+                self.forwards.append(ForwardTime(name, label, p.id, "isolated", secs, p.n_tokens))
+                tests["isolated"] = iso
+            for mode in spec.modes:
+                where = Where(ctx, name, mode, p.id, p.mode)
+                recs, st = compare_probes(anchor.probes, tests[mode], where=where, config=spec.source.config,
+                                          ids=ids, router_bias=spec.source.router_bias, settings=spec.settings)
+                self.records += recs
+                if st is not None:
+                    stats[mode].append(st)
+            result.last_logits[p.id] = (anchor.logits[-1].float(), out.logits[-1].float())
+            if keep_outputs:
+                kept.append(out)
+        self.progress(f"{name}: {label} forward", len(spec.prompts), len(spec.prompts))
+        self._set_records(ctx, name, stats)
+        if backend != EMULATED:
+            result.kernels_missing = _kernels_missing(model)
+        model = None
+        free_memory(self.spec.device)
+        return result, kept
+
+    def _set_records(self, ctx: RunContext, pair: str, stats: Mapping[str, list[PositionStats]]) -> None:
+        mode_of_set = set_mode_of(self.spec.prompts)
+        for mode, parts in stats.items():
+            if not parts:
+                continue
+            where = Where(ctx, pair, mode, ALL_PROMPTS, mode_of_set)
+            every = PositionStats.concat(parts)
+            firsts = PositionStats.concat([s.select(slice(s.n - 1, s.n)) for s in parts])
+            for metric, v in {**summarize(every), **summarize(firsts, FIRST_PREFIX)}.items():
+                self.records.append(where.rec("logits", metric, v))
+            self.records.append(where.rec("logits", "near_tie_threshold", self.spec.settings.near_tie))
+
+
+def _kernels_missing(model: Any) -> list[str]:
+    """Code-path assertion (parity-methods.md §9): FP4 modules that never reached the kernel backend."""
+    check = getattr(model, "assert_kernels_ran", None)
+    if check is None:
+        return []
+    try:
+        check()
+    except AssertionError as e:
+        return [str(e)]
+    return []
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def run_reference(spec: RunSpec, profile: str, loaders: ModelLoaders | None = None,
+                  progress: Progress | None = None) -> tuple[list[SideOutput], list[ForwardTime]]:
+    """The reference's outputs for ``spec.prompts`` (through the reference cache when configured)."""
+    r = _Runner(spec, loaders or DefaultLoaders(), progress)
+    return r.reference(profile), r.forwards
+
+
+def run_threeway(spec: RunSpec, loaders: ModelLoaders | None = None,
+                 progress: Progress | None = None) -> ThreeWayResult:
+    """Run the requested columns and return every record (nothing is judged here)."""
+    bad = [c for c in spec.columns if c not in COLUMNS]
+    if bad:
+        raise ParityInputError(f"columns: expected a subset of {list(COLUMNS)}, found {bad}")
+    bad_modes = [m for m in spec.modes if m not in COMPARE_MODES]
+    if bad_modes or not spec.modes:
+        raise ParityInputError(f"compare modes: expected a non-empty subset of {list(COMPARE_MODES)}, found "
+                               f"{list(spec.modes)}")
+    kernel, reason = resolve_kernel_backend(spec.backend, spec.device) if "bug_budget" in spec.columns \
+        else (None, "not requested")
+    r = _Runner(spec, loaders or DefaultLoaders(), progress)
+    columns: dict[str, ColumnResult] = {}
+    if "logic" in spec.columns:
+        columns["logic"], _ = r.column("logic", r.reference(LOGIC_PROFILE), plan=PrecisionPlan.preset(LOGIC_PLAN),
+                                       backend=EMULATED, anchor_label=f"reference:{LOGIC_PROFILE}",
+                                       profile=LOGIC_PROFILE)
+    floor_outputs: list[SideOutput] = []
+    if "floor" in spec.columns or kernel is not None:
+        columns["floor"], floor_outputs = r.column(
+            "floor", r.reference(spec.profile), plan=spec.plan, backend=EMULATED,
+            anchor_label=f"reference:{spec.profile}", profile=spec.profile, keep_outputs=kernel is not None)
+    if "bug_budget" in spec.columns:
+        if kernel is None:
+            columns["bug_budget"] = ColumnResult("bug_budget", f"native:{spec.plan.name}/{EMULATED}",
+                                                 f"native:{spec.plan.name}/<kernel>", False, reason)
+        else:
+            columns["bug_budget"], _ = r.column("bug_budget", floor_outputs, plan=spec.plan, backend=kernel,
+                                                anchor_label=f"native:{spec.plan.name}/{EMULATED}",
+                                                profile=spec.profile)
+    return ThreeWayResult(spec, r.records, columns, r.forwards, r.ref_load_seconds,
+                          r.cache.hits if r.cache else 0)
+
+
+__all__ = ["COLUMNS", "RunSpec", "ThreeWayResult", "ColumnResult", "ForwardTime", "run_threeway", "run_reference",
+           "resolve_kernel_backend", "settings_from_rules", "run_context", "set_mode_of"]
