@@ -47,6 +47,12 @@ def register_backend(name: str, factory: Callable[[torch.device], Backend], *,
     _REGISTRY[name] = BackendInfo(name, factory, supports, priority, note)
 
 
+def unregister_backend(name: str) -> None:
+    """Remove a backend (e.g. a temporary one a test or the bug zoo registered); unknown names are
+    ignored. A registered non-emulated backend would otherwise become ``auto``'s choice."""
+    _REGISTRY.pop(name, None)
+
+
 def _load_entry_points() -> None:
     global _ENTRY_POINTS_LOADED
     if _ENTRY_POINTS_LOADED:
