@@ -52,16 +52,19 @@ class MoE:
         h = self.w13(x, offsets)
         return self.swiglu(h[:, :self.inter], h[:, self.inter:])
 
-    def combine(self, y: torch.Tensor, token: torch.Tensor, T: int) -> torch.Tensor:
-        """Sum each (token, slot) row into its token, FP32 ``[T, D]`` (duplicates counted every time)."""
-        out = torch.zeros(T, y.shape[1], dtype=torch.float32, device=y.device)
-        return out.index_add_(0, token, y.to(torch.float32))
+    def combine(self, y: torch.Tensor, order: torch.Tensor, T: int) -> torch.Tensor:
+        """Sum each (token, slot) row into its token, FP32 ``[T, D]`` (duplicates counted every time).
+        Rows come sorted by expert (``order``); summing in slot order keeps the result deterministic
+        on CUDA, where ``index_add_``'s atomic adds vary run to run once top-k > 2."""
+        inv = torch.empty_like(order)
+        inv[order] = torch.arange(order.numel(), device=order.device)
+        return y[inv].to(torch.float32).view(T, order.numel() // max(T, 1), -1).sum(dim=1)
 
     def routed(self, x: torch.Tensor | NormedInput, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         order, token, offsets = self.dispatch(ids)
         a = self.expert_activation(take_rows(x, token), offsets)
         a = self.apply_route_weight(a, weights.reshape(-1)[order])
-        return self.combine(self.w2(a, offsets), token, ids.shape[0])
+        return self.combine(self.w2(a, offsets), order, ids.shape[0])
 
     def __call__(self, x: torch.Tensor | NormedInput, token_ids: torch.Tensor) -> torch.Tensor:
         ids, weights = self.router(x, token_ids)
