@@ -11,8 +11,8 @@ step() { local t=$1; shift; echo "=== $* (limit ${t}s)"; SECONDS=0; timeout "$t"
 {
   nvidia-smi -L
   python3 -c "import cutlass, torch; print('cutlass', cutlass.__version__ if hasattr(cutlass, '__version__') else 'ok', 'torch', torch.__version__)"
-  step 130 python3 -m parity.first_token --mode chat --device cuda --records "$RES/ft_chat.jsonl" --json "$RES/ft_chat.json"
-  step 170 python3 -m pytest -q -rs -p no:cacheprovider tests/dsv4/test_decode_graphs.py tests/dsv4/test_decode_readiness.py tests/parity/test_decode_gpu.py
-  step 60 python3 benchmarks/bench_decode_graphs.py --configs tiny,medium --steps 64
+  step 110 python3 -m parity.first_token --mode chat --device cuda --records "$RES/ft_chat.jsonl" --json "$RES/ft_chat.json"
+  step 140 python3 -m pytest -q -rs -p no:cacheprovider tests/dsv4/test_decode_graphs.py tests/dsv4/test_decode_readiness.py tests/parity/test_decode_gpu.py
+  step 45 python3 benchmarks/bench_decode_graphs.py --configs tiny,medium --steps 64
 } 2>&1 | tee "$RES/log.txt"
 tar czf "$FINAL_OUT/h200-results.tgz" -C /tmp h200-results
