@@ -30,7 +30,7 @@ from .env import code_version, device_name
 from .inputs import encode_prompts, select_prompts
 from .logits_stats import DEFAULT_TOPK, KL_DIRECTION
 from .memory import estimate
-from .records import atomic_write_json, to_frame, write_records
+from .records import atomic_write_json, json_safe, to_frame, write_records
 from .render import columns_table, header, layer_table, prompt_panel, rules_report, selection_table, stat_table
 from .rules import load_rules
 from .runner import DefaultLoaders, ModelLoaders
@@ -184,23 +184,10 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
         console.print(f"wall {wall:.1f} s (forwards {fwd:.1f} s, {len(result.forwards)} runs; "
                       f"{len(result.records)} records)")
         if args.json:
-            atomic_write_json(args.json, _json_safe(run_summary(result, verdict, df, wall)))
+            atomic_write_json(args.json, json_safe(run_summary(result, verdict, df, wall)))
         return EXIT_PASS if verdict.passed else EXIT_FAIL
 
     return run_cli(body, console)
-
-
-def _json_safe(obj: Any) -> Any:
-    """NaN / inf are not JSON: write them as strings, like the records do."""
-    import math
-
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 if __name__ == "__main__":

@@ -117,6 +117,17 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def json_safe(obj: Any) -> Any:
+    """NaN / inf are not JSON: write them as strings, as the records do."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
 def atomic_write_json(path: str | Path, obj: Any) -> None:
     _atomic_write_text(Path(path), json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
 

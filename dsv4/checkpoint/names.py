@@ -41,7 +41,7 @@ class WeightSpec:
 
 def _block(c: DSV4Config, layer: int | None, mtp: int | None, ratio: int, hash_layer: bool) -> list[WeightSpec]:
     D, H, d = c.hidden_size, c.num_attention_heads, c.head_dim
-    E, I, n = c.n_routed_experts, c.moe_intermediate_size, c.hc_mult
+    E, I = c.n_routed_experts, c.moe_intermediate_size
     mix, flat = c.hc_mix_dim, c.hc_mult * c.hidden_size
 
     def w(name: str, shape: tuple[int, ...], kind: str) -> WeightSpec:

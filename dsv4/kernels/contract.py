@@ -228,7 +228,7 @@ class ActQuantRequest:
         if g is not None and check_values:
             gv = float(g)   # one host read: a misread static scale must fail before launch
             if not (gv >= MIN_GLOBAL_SCALE and gv < float("inf")):
-                _fail("global_scale value", f"finite and >= 2^-126", gv)
+                _fail("global_scale value", "finite and >= 2^-126", gv)
 
 
 class Backend(Protocol):

@@ -63,7 +63,7 @@ from dsv4.prompts import default_prompt_path, load_prompt_set
 
 from ..env import code_version, device_name
 from ..inputs import EncodedPrompt, encode_prompts
-from ..records import COMPARE_MODES, to_frame
+from ..records import COMPARE_MODES, json_safe, to_frame
 from ..rules import RuleSet
 from ..runner import DefaultLoaders, ModelLoaders
 from ..source import CheckpointSource
@@ -149,7 +149,7 @@ class ZooResult:
 
     def summary(self) -> dict[str, Any]:
         s, src = self.spec, self.spec.source
-        return _json_safe({
+        return json_safe({
             "schema": SCHEMA, "code_version": code_version(), "device": device_name(s.device),
             "wall_seconds": self.wall_seconds, "passed": self.passed,
             "checkpoint": {"spec": src.spec, "config": src.config_name, "fingerprint": src.fingerprint,
@@ -317,16 +317,6 @@ def held_out(spec: ZooSpec) -> dict[str, Any]:
     shared = sorted(p.id for p in spec.prompts if p.id in ids or p.ids in tokens)
     return {"seed": spec.source.seed not in seeds, "prompts": not shared, "calibration_seeds": seeds,
             "shared_prompt_ids": shared}
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 def load_holdout(source: CheckpointSource, path: str | Path | None = None) -> list[EncodedPrompt]:

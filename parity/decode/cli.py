@@ -5,7 +5,6 @@ Exit codes: 0 every check passes, 1 a threshold failure, 2 bad input.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +21,7 @@ from ..env import code_version, device_name
 from ..errors import ParityInputError
 from ..inputs import EncodedPrompt, encode_prompts, select_prompts
 from ..logits_stats import DEFAULT_TOPK, KL_DIRECTION, summarize
-from ..records import atomic_write_json, to_frame, write_records
+from ..records import atomic_write_json, json_safe, to_frame, write_records
 from ..render import header, rules_report
 from ..rules import load_rules
 from ..runner import ModelLoaders
@@ -206,17 +205,9 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
         console.print(f"wall {wall:.1f} s ({len(run.results)} prompt(s) x {spec.tokens} steps per model, "
                       f"{steps} steps compared; {len(records)} records)")
         if args.json:
-            atomic_write_json(args.json, _json_safe(_summary(spec, run, verdict, free_fail, wall)))
+            atomic_write_json(args.json, json_safe(_summary(spec, run, verdict, free_fail, wall)))
         return EXIT_PASS if verdict.passed else EXIT_FAIL
 
     return run_cli(body, console)
 
 
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
