@@ -232,12 +232,15 @@ class ActQuantRequest:
 
 
 class Backend(Protocol):
-    """What every NVFP4 backend provides. Implementations validate requests before launching."""
+    """What every NVFP4 backend provides. Implementations validate requests before launching.
+    ``check_values=False`` may be passed to the two methods whose validation reads device memory
+    on the host (offsets, alphas, a static global scale): callers do so inside CUDA-graph capture,
+    for tensors validated before; kernel backends also skip those reads on their own while capturing."""
 
     name: str
 
     def gemm(self, req: GemmRequest) -> torch.Tensor: ...
 
-    def grouped_gemm(self, req: GroupedGemmRequest) -> torch.Tensor: ...
+    def grouped_gemm(self, req: GroupedGemmRequest, *, check_values: bool = True) -> torch.Tensor: ...
 
-    def quantize_activation(self, req: ActQuantRequest) -> FP4Operand: ...
+    def quantize_activation(self, req: ActQuantRequest, *, check_values: bool = True) -> FP4Operand: ...
