@@ -18,6 +18,8 @@ from dsv4.plan import PlanError
 from .errors import ParityInputError
 from .render import error
 
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 # Exceptions that mean "bad input" at a CLI edge (exit 2); anything else is a bug and propagates.
 INPUT_ERRORS: tuple[type[BaseException], ...] = (ParityInputError, PlanError, CheckpointError, ConfigError)
@@ -98,3 +100,29 @@ def progress_bars(console: Console) -> Iterator[Callable[[str, int, int], None]]
 
     with bar:
         yield update
+
+
+def add_run_arguments(p: Any, *, backend_help: str, profile_help: str, topk_default: int, topk_help: str) -> None:
+    """The flags every model-running CLI shares (first_token, decode): checkpoint, prompts, plan,
+    backend, profile, devices, rules, outputs, threads."""
+    from dsv4.encoding import THINKING_MODES
+
+    p.add_argument("--mode", choices=THINKING_MODES, default="chat")
+    p.add_argument("--checkpoint", default="tiny", help="checkpoint directory or preset (default: tiny)")
+    p.add_argument("--seed", type=int, default=0, help="synthetic seed when --checkpoint is a tiny preset")
+    p.add_argument("--prompt", action="append", help="prompt id of the set, or free text (repeatable); "
+                                                     "default: every prompt of the set in --mode")
+    p.add_argument("--prompt-set", default=None, help="a prompts TOML other than dsv4/data/prompts.toml")
+    p.add_argument("--plan", default="default", help="plan preset (default, all-fp4, all-bf16) or a TOML file")
+    p.add_argument("--backend", default="auto", help=backend_help)
+    p.add_argument("--profile", choices=("bf16", "official"), default="bf16", help=profile_help)
+    p.add_argument("--ref-dtype", choices=sorted(DTYPES), default="bf16", help="reference activation dtype")
+    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: best available)")
+    p.add_argument("--device-map", default=None, help='JSON {"embed"|"head"|layer: device}')
+    p.add_argument("--rules", default=None, help="thresholds TOML (default: parity/thresholds/default.toml)")
+    p.add_argument("--records", default=None, help="write every measurement as JSONL here")
+    p.add_argument("--append", action="store_true", help="append to --records instead of replacing it")
+    p.add_argument("--json", default=None, help="write a JSON summary here")
+    p.add_argument("--topk", type=int, default=topk_default, help=topk_help)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: 1 for a tiny config on cpu, else torch's default)")

@@ -19,13 +19,12 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
 from rich.console import Console
 
-from dsv4.encoding import THINKING_MODES
 from dsv4.plan import resolve_plan
 
-from .cli import EXIT_FAIL, EXIT_PASS, parse_device, parse_device_map, progress_bars, run_cli, set_threads
+from .cli import (DTYPES, EXIT_FAIL, EXIT_PASS, add_run_arguments, parse_device, parse_device_map, progress_bars,
+                  run_cli, set_threads)
 from .env import code_version, device_name
 from .inputs import encode_prompts, select_prompts
 from .logits_stats import DEFAULT_TOPK, KL_DIRECTION
@@ -39,34 +38,14 @@ from .summary import layer_cosines, stat_block
 from .threeway import COLUMNS, RunSpec, ThreeWayResult, run_threeway, settings_from_rules
 from .verdict import Verdict, evaluate
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m parity.first_token", description=__doc__.split("\n\n")[0])
-    p.add_argument("--mode", choices=THINKING_MODES, default="chat")
-    p.add_argument("--checkpoint", default="tiny", help="checkpoint directory or preset (default: tiny)")
-    p.add_argument("--seed", type=int, default=0, help="synthetic seed when --checkpoint is a tiny preset")
-    p.add_argument("--prompt", action="append", help="prompt id of the set, or free text (repeatable); "
-                                                     "default: every prompt of the set in --mode")
-    p.add_argument("--prompt-set", default=None, help="a prompts TOML other than dsv4/data/prompts.toml")
-    p.add_argument("--plan", default="default", help="plan preset (default, all-fp4, all-bf16) or a TOML file")
-    p.add_argument("--backend", default="auto", help="kernel backend for the bug-budget column (default auto)")
-    p.add_argument("--profile", choices=("bf16", "official"), default="bf16",
-                   help="reference profile anchoring the floor column (logic always uses bf16)")
-    p.add_argument("--ref-dtype", choices=sorted(DTYPES), default="bf16", help="reference activation dtype")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: best available)")
-    p.add_argument("--device-map", default=None, help='JSON {"embed"|"head"|layer: device}')
+    add_run_arguments(p, backend_help="kernel backend for the bug-budget column (default auto)",
+                      profile_help="reference profile anchoring the floor column (logic always uses bf16)",
+                      topk_default=DEFAULT_TOPK, topk_help="tokens shown per prompt")
     p.add_argument("--columns", default=",".join(COLUMNS), help="comma-separated subset of logic,floor,bug_budget")
-    p.add_argument("--rules", default=None, help="thresholds TOML (default: parity/thresholds/default.toml)")
-    p.add_argument("--records", default=None, help="write every measurement as JSONL here")
-    p.add_argument("--append", action="store_true", help="append to --records instead of replacing it")
-    p.add_argument("--json", default=None, help="write a JSON summary here")
     p.add_argument("--reference-cache", default=None, help="store / reuse reference runs in this directory")
     p.add_argument("--per-token", action="store_true", help="also record per-token rel_diff of every probe")
-    p.add_argument("--topk", type=int, default=DEFAULT_TOPK, help="tokens shown per prompt")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: 1 for a tiny config on cpu, else torch's default)")
     p.add_argument("--dry-run", action="store_true", help="print a per-device memory estimate; load nothing")
     return p
 

@@ -13,10 +13,10 @@ from typing import Any, Sequence
 import torch
 from rich.console import Console
 
-from dsv4.encoding import THINKING_MODES
 from dsv4.plan import resolve_plan
 
-from ..cli import EXIT_FAIL, EXIT_PASS, parse_device, parse_device_map, progress_bars, run_cli, set_threads
+from ..cli import (DTYPES, EXIT_FAIL, EXIT_PASS, add_run_arguments, parse_device, parse_device_map, progress_bars,
+                   run_cli, set_threads)
 from ..env import code_version, device_name
 from ..errors import ParityInputError
 from ..inputs import EncodedPrompt, encode_prompts, select_prompts
@@ -32,7 +32,6 @@ from .records import aggregate_records, context, free_running_failures, prompt_r
 from .render import probe_table, stat_table, step_table, streams_panel
 from .run import DEFAULT_MUTUAL_TOPK, DEFAULT_TOKENS, DecodeRun, DecodeSpec, run_decode
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,25 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graphs", action="store_true",
                    help="native decode steps through the CUDA-graph decoder (dsv4.decode.graphs; CUDA only; "
                         "probe steps stay eager)")
-    p.add_argument("--mode", choices=THINKING_MODES, default="chat")
-    p.add_argument("--checkpoint", default="tiny", help="checkpoint directory or preset (default: tiny)")
-    p.add_argument("--seed", type=int, default=0, help="synthetic seed when --checkpoint is a tiny preset")
-    p.add_argument("--prompt", action="append", help="prompt id of the set, or free text (repeatable); "
-                                                     "default: every prompt of the set in --mode")
-    p.add_argument("--prompt-set", default=None, help="a prompts TOML other than dsv4/data/prompts.toml")
-    p.add_argument("--plan", default="default", help="plan preset (default, all-fp4, all-bf16) or a TOML file")
-    p.add_argument("--backend", default="auto", help="native kernel backend (default auto)")
-    p.add_argument("--profile", choices=("bf16", "official"), default="bf16", help="reference profile")
-    p.add_argument("--ref-dtype", choices=sorted(DTYPES), default="bf16", help="reference activation dtype")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: best available)")
-    p.add_argument("--device-map", default=None, help='JSON {"embed"|"head"|layer: device}')
-    p.add_argument("--rules", default=None, help="thresholds TOML (default: parity/thresholds/default.toml)")
-    p.add_argument("--records", default=None, help="write every measurement as JSONL here")
-    p.add_argument("--append", action="store_true", help="append to --records instead of replacing it")
-    p.add_argument("--json", default=None, help="write a JSON summary here")
-    p.add_argument("--topk", type=int, default=DEFAULT_TOPK, help="top-k of the overlap statistic")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: 1 for a tiny config on cpu, else torch's default)")
+    add_run_arguments(p, backend_help="native kernel backend (default auto)", profile_help="reference profile",
+                      topk_default=DEFAULT_TOPK, topk_help="top-k of the overlap statistic")
     return p
 
 
