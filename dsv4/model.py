@@ -286,6 +286,12 @@ class NativeModel:
         return self._forward(state), state
 
     def decode_step(self, state: DecodeState, token_id: int) -> torch.Tensor:
+        self.begin_decode_step(state, token_id)
+        return self._forward(state)[0]
+
+    def begin_decode_step(self, state: DecodeState, token_id: int) -> None:
+        """decode_step's checks and bookkeeping (before any compute): append the token, set ``start``.
+        The CUDA-graph decoder calls it too, then runs the step piecewise."""
         self._check_state(state)
         tid = int(token_id.item() if isinstance(token_id, torch.Tensor) else token_id)
         if not 0 <= tid < self.config.vocab_size:
@@ -299,7 +305,6 @@ class NativeModel:
                              f"{stale} behind (finish the pending chunk first)")
         state.start = state.pos
         state.token_ids = torch.cat((state.token_ids, torch.tensor([tid], dtype=torch.int64)))
-        return self._forward(state)[0]
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
         ids = self._ids(input_ids, batch=True)

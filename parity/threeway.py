@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from dsv4.kernels.registry import available_backends
+from dsv4.kernels.registry import BackendError, available_backends, resolve_backend
 from dsv4.plan import PrecisionPlan
 
 from .compare import CompareSettings, Where, compare_probes
@@ -105,24 +105,16 @@ def resolve_kernel_backend(requested: str, device: str) -> tuple[str | None, str
     """(kernel backend name, reason when None). ``auto`` picks the highest-priority non-emulated
     backend that executes on ``device``; an explicit name must exist and execute there (else a
     bad-input error)."""
-    dev = torch.device(device)
-    infos = available_backends()
     if requested == EMULATED:
         return None, "backend 'emulated' requested: no kernel backend to compare against"
-    if requested != "auto":
-        if requested not in infos:
-            raise ParityInputError(f"backend: expected one of {sorted(infos) + ['auto']}, found {requested!r}")
-        info = infos[requested]
-        if not info.supports(dev):
-            raise ParityInputError(f"backend {requested!r} cannot execute on device {dev}"
-                                   f"{' (' + info.note + ')' if info.note else ''}")
-        return requested, ""
-    cands = sorted((i for i in infos.values() if i.name != EMULATED and i.supports(dev)), key=lambda i: -i.priority)
-    if cands:
-        return cands[0].name, ""
-    others = sorted(n for n in infos if n != EMULATED)
+    try:
+        return resolve_backend(requested, device, exclude=(EMULATED,)).name, ""
+    except BackendError as e:
+        if requested != "auto":
+            raise ParityInputError(f"backend: {e}") from None
+    others = sorted(n for n in available_backends() if n != EMULATED)
     listed = f" (registered: {', '.join(others)})" if others else ""
-    return None, f"no kernel backend executes on {dev.type}{listed}"
+    return None, f"no kernel backend executes on {torch.device(device).type}{listed}"
 
 
 def run_context(spec: RunSpec, *, plan: str, profile: str, backend: str) -> RunContext:

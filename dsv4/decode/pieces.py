@@ -91,20 +91,7 @@ class StepInput:
 def advance(model: Any, state: Any, token_id: Any, cur: StepInput) -> None:
     """``NativeModel.decode_step``'s checks and bookkeeping: append the token to ``state`` and point
     ``cur`` at the new position (the caches themselves advance in the eager pieces)."""
-    model._check_state(state)
-    tid = int(token_id.item() if isinstance(token_id, torch.Tensor) else token_id)
-    c = model.config
-    if not 0 <= tid < c.vocab_size:
-        raise ValueError(f"token_id: expected an id in [0, {c.vocab_size}), found {tid}")
-    if state.pos >= c.max_position_embeddings:
-        raise ValueError(f"decode_step: expected pos < max_position_embeddings={c.max_position_embeddings}, "
-                         f"found {state.pos}")
-    stale = [i for i, lc in enumerate(state.layers) if lc.length != state.pos]
-    if stale:
-        raise ValueError(f"decode_step: expected every layer's cache at position {state.pos}, found layers "
-                         f"{stale} behind (finish the pending chunk first)")
-    state.start = state.pos
-    state.token_ids = torch.cat((state.token_ids, torch.tensor([tid], dtype=torch.int64)))
+    model.begin_decode_step(state, token_id)
     cur.state, cur.start = state, state.start
 
 

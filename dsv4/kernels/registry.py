@@ -84,21 +84,28 @@ def available_backends() -> dict[str, BackendInfo]:
 
 def get_backend(name: str = "auto", device: str | torch.device = "cpu") -> Backend:
     """Resolve a backend for ``device``. ``auto`` takes the highest-priority backend supporting it."""
+    return resolve_backend(name, device).factory(torch.device(device))
+
+
+def resolve_backend(name: str = "auto", device: str | torch.device = "cpu", *,
+                    exclude: tuple[str, ...] = ()) -> BackendInfo:
+    """The backend ``get_backend`` would build, without building it. ``exclude`` names backends
+    ``auto`` must not pick (the harness excludes ``emulated`` when it needs a kernel backend)."""
     dev = torch.device(device)
     infos = available_backends()
     if name == "auto":
-        cands = sorted((i for i in infos.values() if i.supports(dev)), key=lambda i: -i.priority)
+        cands = sorted((i for i in infos.values() if i.name not in exclude and i.supports(dev)),
+                       key=lambda i: -i.priority)
         if not cands:
             raise BackendError(f"no backend supports device {dev}; registered: {sorted(infos)}")
-        info = cands[0]
-    else:
-        if name not in infos:
-            raise BackendError(f"unknown backend: expected one of {sorted(infos) + ['auto']}, found {name!r}")
-        info = infos[name]
-        if not info.supports(dev):
-            raise BackendError(f"backend {name!r} cannot execute on device {dev}"
-                               f"{' (' + info.note + ')' if info.note else ''}")
-    return info.factory(dev)
+        return cands[0]
+    if name not in infos:
+        raise BackendError(f"unknown backend: expected one of {sorted(infos) + ['auto']}, found {name!r}")
+    info = infos[name]
+    if not info.supports(dev):
+        raise BackendError(f"backend {name!r} cannot execute on device {dev}"
+                           f"{' (' + info.note + ')' if info.note else ''}")
+    return info
 
 
 def backend_info(name: str) -> BackendInfo:

@@ -11,10 +11,10 @@ from typing import Callable, ClassVar
 
 import torch
 
-from ..kernels.contract import ActQuantRequest, FP4Operand, GroupedGemmRequest
+from ..kernels.contract import FP4Operand, GroupedGemmRequest
 from ..numerics import fp8_act_dequantize, fp8_act_quantize, fp8_block_dequantize
 from .dispatch import Dispatcher
-from .linear import ACT_SCALE_POLICIES, FP8_ACT_BLOCK, Bf16Weight, Fp4Weight, Fp8Weight
+from .linear import ACT_SCALE_POLICIES, FP8_ACT_BLOCK, Bf16Weight, Fp4Weight, Fp8Weight, quantize_fp4_input
 from .norm import NormedInput, materialize
 
 
@@ -122,16 +122,7 @@ class Fp4GroupedLinear(GroupedLinear):
         return {"static": static, "runtime": None, "frozen": self.frozen_scale}[self.act_scale]
 
     def quantize_input(self, x: torch.Tensor | NormedInput) -> FP4Operand:
-        """BF16 rows -> NVFP4 through the backend; a deferred RMSNorm is fused into the quantization."""
-        g = self.activation_global_scale()
-        if isinstance(x, NormedInput):
-            req = ActQuantRequest(x.raw, g, rms_weight=x.norm.weight, rms_eps=x.norm.eps)
-        else:
-            req = ActQuantRequest(x.to(torch.bfloat16).contiguous(), g)
-        a = self.dispatcher.quantize_activation(self.name, self.component, req)
-        if self.act_scale == "frozen" and self.frozen_scale is None:
-            self.frozen_scale = a.global_scale.detach().clone()
-        return a
+        return quantize_fp4_input(self, x)
 
     def alphas(self, a: FP4Operand) -> torch.Tensor:
         return (a.global_scale * self.weight.global_scale).to(torch.float32)

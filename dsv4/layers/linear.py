@@ -47,35 +47,48 @@ class Fp4Weight:
         return int(self.packed.shape[0])
 
 
+class _UnpackedShape:
+    """``n``/``k`` of a weight stored one element per value (``[N, K]`` or a bank ``[E, N, K]``)."""
+
+    weight: torch.Tensor
+
+    @property
+    def k(self) -> int:
+        return int(self.weight.shape[-1])
+
+    @property
+    def n(self) -> int:
+        return int(self.weight.shape[-2])
+
+
 @dataclass
-class Fp8Weight:
+class Fp8Weight(_UnpackedShape):
     """E4M3 weight ``[N, K]`` (``[E, N, K]`` for a bank) and UE8M0 uint8 scales per 128x128 block."""
 
     weight: torch.Tensor
     scale: torch.Tensor
 
-    @property
-    def k(self) -> int:
-        return int(self.weight.shape[-1])
-
-    @property
-    def n(self) -> int:
-        return int(self.weight.shape[-2])
-
 
 @dataclass
-class Bf16Weight:
+class Bf16Weight(_UnpackedShape):
     """BF16 weight ``[N, K]`` (``[E, N, K]`` for a bank)."""
 
     weight: torch.Tensor
 
-    @property
-    def k(self) -> int:
-        return int(self.weight.shape[-1])
 
-    @property
-    def n(self) -> int:
-        return int(self.weight.shape[-2])
+def quantize_fp4_input(layer: "Fp4Linear | object", x: torch.Tensor | NormedInput) -> FP4Operand:
+    """BF16 -> NVFP4 through ``layer``'s backend with its activation global scale; a deferred
+    RMSNorm is fused into the quantization; under ``act_scale="frozen"`` the first scale is kept.
+    Shared by the dense and grouped FP4 linears (their ``quantize_input`` stays the patch point)."""
+    g = layer.activation_global_scale()
+    if isinstance(x, NormedInput):
+        req = ActQuantRequest(x.raw, g, rms_weight=x.norm.weight, rms_eps=x.norm.eps)
+    else:
+        req = ActQuantRequest(x.to(torch.bfloat16).contiguous(), g)
+    a = layer.dispatcher.quantize_activation(layer.name, layer.component, req)
+    if layer.act_scale == "frozen" and layer.frozen_scale is None:
+        layer.frozen_scale = a.global_scale.detach().clone()
+    return a
 
 
 class Linear:
@@ -164,16 +177,7 @@ class Fp4Linear(Linear):
         return {"static": self.weight.input_scale, "runtime": None, "frozen": self.frozen_scale}[self.act_scale]
 
     def quantize_input(self, x: torch.Tensor | NormedInput) -> FP4Operand:
-        """BF16 -> NVFP4 through the backend; a deferred RMSNorm is fused into the quantization."""
-        g = self.activation_global_scale()
-        if isinstance(x, NormedInput):
-            req = ActQuantRequest(x.raw, g, rms_weight=x.norm.weight, rms_eps=x.norm.eps)
-        else:
-            req = ActQuantRequest(x.to(torch.bfloat16).contiguous(), g)
-        a = self.dispatcher.quantize_activation(self.name, self.component, req)
-        if self.act_scale == "frozen" and self.frozen_scale is None:
-            self.frozen_scale = a.global_scale.detach().clone()
-        return a
+        return quantize_fp4_input(self, x)
 
     def __call__(self, x: torch.Tensor | NormedInput, *, swiglu_limit: float | None = None) -> torch.Tensor:
         a = self.quantize_input(x)
