@@ -28,7 +28,7 @@ from ..runner import ModelLoaders
 from ..source import CheckpointSource, resolve_checkpoint
 from ..threeway import settings_from_rules
 from ..verdict import evaluate
-from .records import aggregate_records, context, free_running_failures, prompt_records, slope
+from .records import aggregate_records, context, free_running_failures, memory_growth_per_step, prompt_records
 from .render import probe_table, stat_table, step_table, streams_panel
 from .run import DEFAULT_MUTUAL_TOPK, DEFAULT_TOKENS, DecodeRun, DecodeSpec, run_decode
 
@@ -127,8 +127,8 @@ def _summary(spec: DecodeSpec, run: DecodeRun, verdict: Any, free_fail: list[str
                                      "repeats": lp.repeats, "to_end": lp.to_end} for lp in v.loops],
                           "distinct_ngram_ratio": v.distinct_ngram_ratio} for k, v in res.loops.items()},
             "memory": {"kind": res.native.memory_kind,
-                       "native_bytes_per_step": slope(res.native.memory[1:], range(1, spec.tokens)),
-                       "reference_bytes_per_step": slope(res.ref.memory[1:], range(1, spec.tokens))},
+                       "native_bytes_per_step": memory_growth_per_step(res.native.memory),
+                       "reference_bytes_per_step": memory_growth_per_step(res.ref.memory)},
             "seconds": {"reference": sum(res.ref.seconds), "native": sum(res.native.seconds)},
         })
     return {"run_id": spec.run_id, "code_version": code_version(), "kl_direction": KL_DIRECTION,

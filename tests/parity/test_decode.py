@@ -106,3 +106,15 @@ def test_free_running_300_tokens_with_the_degeneration_detector(tmp_path: Path) 
     ref = p["loops"]["reference"]
     assert ref["degenerate"] and ref["loops"][0]["period"] == 2 and ref["loops"][0]["start"] == 0
     assert "period-2 loop from step 0" in out
+
+
+def test_memory_growth_ignores_a_one_time_allocation_in_the_first_half() -> None:
+    """A CUDA-graph capture (one jump early on) must not read as per-step growth; a real leak must."""
+    from parity.decode.records import memory_growth_per_step
+
+    steady = [1000.0 + 256 * s for s in range(300)]
+    with_capture = [m + (700_000 if s >= 2 else 0) for s, m in enumerate(steady)]
+    assert memory_growth_per_step(with_capture) == pytest.approx(256)
+    assert memory_growth_per_step([5e6] * 300) == pytest.approx(0)
+    leak_late = [1000.0 + (4096 * (s - 200) if s >= 200 else 0) for s in range(300)]
+    assert memory_growth_per_step(leak_late) > 2000
