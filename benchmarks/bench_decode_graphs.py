@@ -11,7 +11,9 @@ one teacher-forced token stream (so every path sees the same positions):
 
 Per step: wall time with a device sync (a generation loop needs each token on the host anyway); the
 table shows medians after warm-up, the eager/graph ratio, how many segments run as graphs, the
-capture step's time, and whether the graph logits equal the eager logits at every step. Results are
+capture step's time, and whether the graph logits equal the eager logits at every step. A second table
+says where an eager step's time goes: the pieces run one by one with a device sync after each, summed
+by kind (``attn_core`` and ``dispatch`` stay eager in the graph decoder; the rest is replayed). Results are
 written after each config to ``--json`` or ``$OUT/bench_decode_graphs.json``, so a run cut short by a
 time limit keeps what it measured.
 
@@ -40,6 +42,7 @@ import dsv4  # noqa: E402
 from dsv4.checkpoint.synth import cache_root, synth  # noqa: E402
 from dsv4.config import preset  # noqa: E402
 from dsv4.decode.graphs import GraphDecoder, bitwise_equal  # noqa: E402
+from dsv4.decode.pieces import PieceRunner, advance, finish  # noqa: E402
 
 MEDIUM = dict(name="decode-bench-medium", vocab_size=4096, hidden_size=1024, num_hidden_layers=8,
               num_attention_heads=8, q_lora_rank=512, o_lora_rank=256, o_groups=4, n_routed_experts=16,
@@ -74,12 +77,45 @@ def shared_backend(name: str, device: str) -> str:
     return name + "_shared"
 
 
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def _timed(fn: Any, dev: torch.device) -> tuple[Any, float]:
-    torch.cuda.synchronize(dev)
+    _sync(dev)
     t0 = time.perf_counter()
     out = fn()
-    torch.cuda.synchronize(dev)
+    _sync(dev)
     return out, time.perf_counter() - t0
+
+
+def breakdown(model: Any, prompt: torch.Tensor, toks: list[int], warm: int, dev: torch.device) -> dict[str, Any]:
+    """Mean ms per step of each piece kind (synchronized after every piece), steps after ``warm``."""
+    runner = PieceRunner(model)
+    _, st = model.prefill(prompt)
+    per_kind: dict[str, float] = {}
+    graphable: dict[str, bool] = {}
+    counted = 0
+    for i, tok in enumerate(toks[:-1]):
+        advance(model, st, tok, runner.cur)
+        for name in runner.names:
+            runner.buf.t[f"tok@{name}"].fill_(tok)
+            runner.buf.t[f"pos@{name}"].fill_(runner.cur.start)
+        for p in runner.pieces:
+            vals, dt = _timed(p.run, dev)
+            for n, v in vals.items():
+                runner.buf.put(n, v)
+            kind = p.name.rsplit(".", 1)[-1]
+            graphable[kind] = p.graphable
+            if i >= warm:
+                per_kind[kind] = per_kind.get(kind, 0.0) + dt * 1e3
+        finish(st, runner.cur)
+        counted += i >= warm
+    ms = {k: v / max(counted, 1) for k, v in per_kind.items()}
+    return {"ms_per_step_by_piece": ms, "graphable": graphable,
+            "eager_by_design_ms": sum(v for k, v in ms.items() if not graphable[k]),
+            "graphable_ms": sum(v for k, v in ms.items() if graphable[k])}
 
 
 def bench(name: str, *, device: str, backend: str, steps: int, warm: int) -> dict[str, Any]:
@@ -114,6 +150,7 @@ def bench(name: str, *, device: str, backend: str, steps: int, warm: int) -> dic
                         capture_s = dt
             runs[label] = times
         report = dec.report()
+        split = breakdown(model, prompt, toks, warm, dev)
     med = {k: statistics.median(v[warm:]) * 1e3 for k, v in {"eager": eager_s, **runs}.items()}
     return {"config": name, "layers": c.num_hidden_layers, "hidden": c.hidden_size, "backend": model.backend_names(),
             "device": torch.cuda.get_device_name(dev), "steps": steps, "warm": warm, "load_s": load_s,
@@ -121,7 +158,7 @@ def bench(name: str, *, device: str, backend: str, steps: int, warm: int) -> dic
             "eager_over_pieces": med["eager"] / med["pieces"], "capture_step_s": capture_s,
             "graph_segments": sum(s.mode == "graph" for s in report), "segments": len(report),
             "fallbacks": [(s.name, s.reason) for s in report if s.mode == "eager" and s.reason != "eager by design"],
-            "graph_equals_eager": equal}
+            "graph_equals_eager": equal, **split}
 
 
 def table(rows: list[dict[str, Any]]) -> Table:
@@ -138,6 +175,22 @@ def table(rows: list[dict[str, Any]]) -> Table:
     return t
 
 
+def breakdown_table(rows: list[dict[str, Any]]) -> Table:
+    kinds = list(dict.fromkeys(k for r in rows for k in r["ms_per_step_by_piece"]))
+    t = Table(title="where an eager step goes — ms per step by piece kind, synchronized after each piece "
+              "(* = eager in the graph decoder)", title_justify="left")
+    t.add_column("config")
+    for k in kinds:
+        t.add_column(k + ("" if rows[0]["graphable"].get(k, True) else " *"), justify="right")
+    t.add_column("eager-by-design share", justify="right")
+    for r in rows:
+        m = r["ms_per_step_by_piece"]
+        total = r["eager_by_design_ms"] + r["graphable_ms"]
+        t.add_row(r["config"], *(f"{m.get(k, 0.0):.2f}" for k in kinds),
+                  f"{r['eager_by_design_ms'] / total:.0%}" if total else "-")
+    return t
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", default="tiny,medium")
@@ -147,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="auto")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    console = Console()
+    console = Console(width=160)
     if not torch.cuda.is_available():
         console.print("[red]needs a CUDA device: the benchmark times CUDA-graph replay[/red]")
         return 2
@@ -161,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         if out:
             Path(out).write_text(json.dumps({"rows": rows}, indent=2, default=str))
     console.print(table(rows))
+    console.print(breakdown_table(rows))
     for r in rows:
         for seg, why in r["fallbacks"]:
             console.print(f"[yellow]{r['config']}: {seg} runs eagerly: {why}[/yellow]")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One H200 validation session, run from the repo root with CuTe DSL on PYTHONPATH: the bug-budget
-# column on the sm_90a kernels (first-token parity on cuda), CUDA-graph decode vs eager, and the
-# decode benchmark. Each step has a time limit; logs and JSON land in $OUT (one tarball + the log).
+# column on the sm_90a kernels (first-token parity on cuda), CUDA-graph decode vs eager, the decode
+# benchmark and the decode-GEMM launch sweep (~5 min in all). Each step has a time limit; logs and
+# JSON land in $OUT (one tarball + the log).
 # QUICK=1 runs only the first two steps with tighter limits (for a nearly spent device budget).
 set -u
 RES=/tmp/h200-results
@@ -20,7 +21,8 @@ step() { local t=$1; shift; echo "=== $* (limit ${t}s)"; SECONDS=0; timeout "$t"
   else
     step 140 python3 -m pytest -q -rs -p no:cacheprovider tests/dsv4/test_decode_graphs.py \
         tests/dsv4/test_decode_readiness.py tests/parity/test_decode_gpu.py
-    step 45 python3 benchmarks/bench_decode_graphs.py --configs tiny,medium --steps 64
+    step 240 python3 benchmarks/bench_decode_graphs.py --configs tiny,medium --steps 64
+    step 60 python3 benchmarks/sweep_sm90_decode_configs.py
   fi
 } 2>&1 | tee "$RES/log.txt"
 tar czf "$FINAL_OUT/h200-results.tgz" -C /tmp h200-results

@@ -77,3 +77,29 @@ def test_bitwise_equal_sees_signed_zero_and_nan_payloads() -> None:
     assert bitwise_equal(torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")]))
     assert not bitwise_equal(torch.tensor([0.0]), torch.tensor([-0.0]))
     assert not bitwise_equal(torch.tensor([1.0], dtype=torch.bfloat16), torch.tensor([1.0]))
+
+
+def test_the_decode_benchmark_breakdown_sums_every_piece_kind_once_per_step() -> None:
+    """benchmarks/bench_decode_graphs.py's "where an eager step goes" table, run on the CPU: every
+    piece kind is timed, the eager-by-design kinds are exactly those the graph decoder leaves eager,
+    and the two shares add up to the step."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_decode_graphs
+
+    torch.set_num_threads(1)
+    model = dsv4.load_model("tiny", backend="emulated")
+    with torch.no_grad():
+        logits, state = model.prefill(PROMPT)
+        toks = [int(logits[-1].argmax())]
+        for _ in range(4):
+            toks.append(int(model.decode_step(state, toks[-1]).argmax()))
+        out = bench_decode_graphs.breakdown(model, PROMPT, toks, 1, torch.device("cpu"))
+    ms = out["ms_per_step_by_piece"]
+    assert set(ms) == {"embed", "attn_pre", "attn_core", "attn_out", "dispatch", "ffn", "head"}
+    assert all(v > 0 for v in ms.values())
+    eager_kinds = {k for k, g in out["graphable"].items() if not g}
+    assert eager_kinds == {"embed", "attn_core", "dispatch"}
+    assert out["eager_by_design_ms"] + out["graphable_ms"] == pytest.approx(sum(ms.values()))
