@@ -33,6 +33,11 @@ def default_prompt_path() -> Path:
     return Path(str(resources.files("dsv4").joinpath("data").joinpath("prompts.toml")))
 
 
+def holdout_prompt_path() -> Path:
+    """The hold-out set: no prompt shared with the standard one (bug zoo runs, real-model calibration)."""
+    return default_prompt_path().with_name("prompts_holdout.toml")
+
+
 def load_prompt_set(path: str | Path | None = None) -> list[Prompt]:
     """Read and validate a prompt set; every prompt must render with the encoder."""
     path = Path(path) if path is not None else default_prompt_path()

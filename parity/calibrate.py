@@ -4,11 +4,13 @@ Method (also written at the top of the file it produces):
 
 1. Clean runs on the built-in synthetic checkpoints of seeds 1, 2, 3 (``resolve_preset(preset,
    "nvidia-nvfp4", seed)``; **never seed 0**: the default run and the bug zoo's held-out faults use
-   it), every prompt of the standard set, one run per mode (chat, thinking), both compare modes,
+   it) — or, with ``--checkpoint DIR``, on that one checkpoint and the hold-out prompt set (so the
+   standard prompts ``parity.first_token`` judges stay unseen) — every prompt of the set, one run
+   per mode (chat, thinking), both compare modes,
    the logic column (reference bf16 <-> native all-bf16) and the floor column against each
    reference profile (bf16, official), with the plan being calibrated (``default``).
-2. For every (pair, compare mode, profile, probe group, metric) the worst value over seeds, prompts
-   and layers. A probe group is one layer probe suffix across all layers (``layers.N.attn.q``) or a
+2. For every (pair, compare mode, profile, probe group, metric) the worst value over seeds (or the
+   one checkpoint), prompts and layers. A probe group is one layer probe suffix across all layers (``layers.N.attn.q``) or a
    global probe, so the rules transfer to any layer count.
 3. Threshold = worst value with its *error* times the margin M: error metrics (rel_diff, KL, clear
    flip rates, RMS dp) -> M * worst; similarity metrics (cosine, agreement, overlap, Jaccard) ->
@@ -18,8 +20,9 @@ Method (also written at the top of the file it produces):
 4. Exact rules, not calibrated: hash-routed experts identical, compressed entry counts equal, no
    non-finite mismatch — on every pair.
 5. bug_budget rules come from the one H200 run of the sm_90a kernels (worst clean value x 2; see
-   BUG_BUDGET_RULES) unless the calibration machine runs a kernel backend, in which case they are
-   calibrated like the others.
+   BUG_BUDGET_RULES) unless a preset calibration runs on a machine with a kernel backend, in which
+   case they are calibrated like the others. ``--checkpoint`` never calibrates them: a user's kernel
+   under test would become its own yardstick.
 """
 from __future__ import annotations
 
@@ -39,9 +42,11 @@ from rich.console import Console
 from dsv4.encoding import THINKING_MODES
 from dsv4.plan import resolve_plan
 from dsv4.probes import parse_probe
+from dsv4.prompts import holdout_prompt_path
 
 from .cli import EXIT_PASS, parse_device, progress_bars, run_cli, set_threads
 from .env import code_version, device_name
+from .errors import ParityInputError
 from .inputs import encode_prompts, select_prompts
 from .records import ALL_PROMPTS, _atomic_write_text, frame_records, to_frame, write_records
 from .rules import DEFAULT_SETTINGS, RuleSet, default_rules_path, parse_rules
@@ -137,6 +142,10 @@ EXACT_RULES = (("hash_route_exact", 1.0, "hash routing depends only on the token
 # emulated GEMM outputs gives the same isolated rel_diff (~1e-3) on the CPU.
 BUG_BUDGET_NOTE = ("H200 cutedsl_sm90 run on tiny seed 0 (worst isolated rel_diff 2.24e-3, cosine 0.99776, "
                    "logits KL 6.4e-4) x 2; see parity/calibrate.py")
+BUG_BUDGET_HEADER = ("the worst clean value of the one H200 run of cutedsl_sm90 on tiny (seed 0, standard\n"
+                     "#     chat prompts) x 2: isolated rel_diff 2.24e-3 -> 4.5e-3, cosine 0.99776 -> 0.9955, logits KL\n"
+                     "#     mean 6.4e-4 (kept at 1e-3). Not ~0: kernels match the emulation to FP32 accumulation order and\n"
+                     "#     FP4 re-quantization inside a layer turns single BF16 ulps into code flips (parity/calibrate.py).")
 BUG_BUDGET_RULES = (("cosine", ">=", 0.9955), ("rel_diff", "<=", 4.5e-3))
 BUG_BUDGET_LOGITS = (("kl_mean", "<=", 1e-3),)
 
@@ -176,7 +185,8 @@ def derive_rules(df: pd.DataFrame, margin: float) -> list[dict[str, Any]]:
         value = threshold(p, float(w["value"]), margin_for(p, pair, mode, margin))
         if (value <= p.bound) if p.higher_is_better else (value >= p.bound):
             continue   # nothing could fail it: noise that large leaves the metric nothing to judge
-        where = f"seed {w['seed']}, prompt {w['prompt_id']}" + (f", {w['probe']}" if w["probe"] != "logits" else "")
+        seed = "" if pd.isna(w["seed"]) else f"seed {int(w['seed'])}, "
+        where = f"{seed}prompt {w['prompt_id']}" + (f", {w['probe']}" if w["probe"] != "logits" else "")
         rule = {"probe": group, "metric": metric, "op": ">=" if p.higher_is_better else "<=", "value": value,
                 "pair": pair, "compare_mode": mode,
                 "note": f"worst {float(w['value']):.6g} ({where}); {p.why}"}
@@ -188,26 +198,28 @@ def derive_rules(df: pd.DataFrame, margin: float) -> list[dict[str, Any]]:
     return rules
 
 
-def leave_one_seed_out(df: pd.DataFrame, margin: float) -> tuple[int, int, list[str]]:
-    """Calibrate on all seeds but one and judge the held-out seed's records: (failed judgements,
-    judgements, descriptions). Evidence that the margins hold on a seed the rules never saw."""
+def leave_one_out(df: pd.DataFrame, margin: float, column: str = "seed") -> tuple[int, int, list[str]]:
+    """Calibrate on all values of ``column`` (seeds; prompt ids for one real checkpoint) but one and
+    judge the held-out one's records: (failed judgements, judgements, descriptions). Evidence that
+    the margins hold on inputs the rules never saw."""
     from .rules import judge
 
     failed, total, what = 0, 0, []
-    seeds = sorted(int(s) for s in df["seed"].dropna().unique())
-    for held in seeds:
-        train, test = df[df["seed"] != held], df[df["seed"] == held]
+    if column == "prompt_id":   # run-level aggregates span every prompt: no held-out prompt owns them
+        df = df[df["prompt_id"] != ALL_PROMPTS]
+    for held in sorted(df[column].dropna().unique().tolist()):
+        train, test = df[df[column] != held], df[df[column] == held]
         text = render_toml(derive_rules(train, margin), dict(DEFAULT_SETTINGS), {"header": _HEADER_BLANK})
-        j = judge(test, parse_rules(text, f"(leave out seed {held})"))
+        j = judge(test, parse_rules(text, f"(leave out {column} {held})"))
         total += len(j)
         bad = j[~j["passed"]]
         failed += len(bad)
-        what += [f"seed {held}: {r.pair}/{r.compare_mode} {r.probe} {r.metric}={r.value:.4g} vs {r.op} "
+        what += [f"{column} {held}: {r.pair}/{r.compare_mode} {r.probe} {r.metric}={r.value:.4g} vs {r.op} "
                  f"{r.threshold:.4g}" for r in bad.itertuples()]
     return failed, total, what
 
 
-_HEADER_BLANK = {k: "" for k in ("seeds", "preset", "profiles", "plan", "margin", "tail", "flip", "bug_budget")}
+_HEADER_BLANK = {k: "" for k in ("source", "profiles", "plan", "margin", "tail", "flip", "bug_budget")}
 
 
 def bug_budget_rules(df: pd.DataFrame, margin: float) -> list[dict[str, Any]]:
@@ -241,13 +253,12 @@ def _toml_value(v: Any) -> str:
 HEADER = """# Thresholds of the parity harness — GENERATED by `python -m parity.calibrate`; do not edit by hand.
 #
 # Method:
-#  1. Clean runs on the built-in synthetic checkpoints of seeds {seeds} (`resolve_preset("{preset}",
-#     "nvidia-nvfp4", seed)`; never seed 0, which the default run and the bug zoo use), every prompt of
-#     the standard set (one run per mode), both compare modes (propagated, isolated), the logic column
+#  1. Clean runs on {source} (one run per mode), both compare modes (propagated, isolated), the logic column
 #     (reference bf16 <-> native all-bf16, emulated) and the floor column (reference {profiles} <->
 #     native plan `{plan}`, emulated).
-#  2. For each (pair, compare mode, profile, probe group, metric) the worst value over seeds, prompts and
-#     layers; a probe group is one layer probe suffix across all layers, or one global probe.
+#  2. For each (pair, compare mode, profile, probe group, metric) the worst value over seeds (or the one
+#     checkpoint), prompts and layers; a probe group is one layer probe suffix across all layers, or one
+#     global probe.
 #  3. threshold = worst value with its error times a margin: error metrics (rel_diff, KL, clear-flip
 #     rates, RMS dp): m * worst; similarity metrics (cosine, agreement, overlap, Jaccard):
 #     1 - m * (1 - worst); never tighter than a per-metric noise floor (tensor metrics: 1e-5, i.e. a
@@ -280,83 +291,129 @@ def render_toml(rules: Sequence[dict[str, Any]], settings: dict[str, float], cal
     return "\n".join(lines) + "\n"
 
 
-def calibrate(*, preset: str, seeds: Sequence[int], plan: Any, profiles: Sequence[str], modes: Sequence[str],
+def calibrate(*, sources: Sequence[tuple[str, int]], plan: Any, profiles: Sequence[str], modes: Sequence[str],
               device: str, loaders: ModelLoaders, progress: Any = None, prompt_set: str | None = None,
-              settings: RuleSet | None = None) -> pd.DataFrame:
-    """Run the clean calibration matrix and return its records."""
+              settings: RuleSet | None = None, bug_budget: bool = True) -> pd.DataFrame:
+    """Run the clean calibration matrix over ``sources`` ((checkpoint or preset, seed) pairs) and
+    return its records. ``bug_budget=False`` leaves the kernel backend out (its rules then stay the
+    H200-derived defaults)."""
     base = settings or RuleSet((), dict(DEFAULT_SETTINGS))
     records: list[dict[str, Any]] = []
-    for seed in seeds:
-        src = resolve_checkpoint(preset, seed)
+    for spec, seed in sources:
+        src = resolve_checkpoint(spec, seed)
         set_threads(None, device, src.config)
         for mode in modes:
             prompts = encode_prompts(select_prompts(mode, None, prompt_set), src.tokenizer, src.config.vocab_size)
             for n, profile in enumerate(profiles):
                 # The logic column is anchored by bf16 whatever the profile: run it once per seed/mode.
                 columns = ("logic", "floor") if n == 0 else ("floor",)
-                spec = RunSpec(source=src, prompts=prompts, plan=plan, backend="auto", profile=profile, device=device,
-                               settings=settings_from_rules(base), columns=columns + ("bug_budget",))
-                records += run_threeway(spec, loaders, progress).records
+                spec_ = RunSpec(source=src, prompts=prompts, plan=plan, backend="auto", profile=profile, device=device,
+                                settings=settings_from_rules(base),
+                                columns=columns + (("bug_budget",) if bug_budget else ()))
+                records += run_threeway(spec_, loaders, progress).records
     return to_frame(records)
+
+
+@dataclass(frozen=True)
+class CalibrationSource:
+    """What the thresholds are calibrated on: synthetic seeds of a preset, or one checkpoint directory."""
+
+    sources: tuple[tuple[str, int], ...]
+    prompt_set: str | None
+    held_out_by: str           # the records column left out in turn: "seed", or "prompt_id"
+    header: str                # step 1 of the generated file's method
+    meta: dict[str, Any]
+    bug_budget: bool           # calibrate the bug-budget column on the kernel backend present
+
+
+def calibration_source(args: argparse.Namespace, console: Console) -> CalibrationSource:
+    """Validate the source flags (before anything runs) and describe the source."""
+    if args.checkpoint is None:
+        seeds = [int(s) for s in (args.seeds or ",".join(map(str, DEFAULT_SEEDS))).split(",") if s.strip()]
+        if 0 in seeds:
+            console.print("[yellow]warning: seed 0 is the default run's and the bug zoo's checkpoint; "
+                          "thresholds calibrated on it are not held out[/yellow]")
+        held = "seed" if len(seeds) > 1 else "prompt_id"
+        prompts = args.prompt_set or "the standard set"
+        header = (f"the built-in synthetic checkpoints of seeds {', '.join(map(str, seeds))} (`resolve_preset("
+                  f'"{args.preset}",\n#     "nvidia-nvfp4", seed)`; never seed 0, which the default run and the bug '
+                  f"zoo use), every prompt of\n#     {prompts}")
+        return CalibrationSource(tuple((args.preset, s) for s in seeds), args.prompt_set, held, header,
+                                 {"preset": args.preset, "seeds": seeds}, bug_budget=True)
+    if args.seeds is not None or args.preset != "tiny":
+        raise ParityInputError("--checkpoint: calibrates one checkpoint directory; --preset/--seeds select "
+                               f"synthetic ones instead (found --preset {args.preset!r}, --seeds {args.seeds!r})")
+    if args.out is None or Path(args.out).resolve() == default_rules_path().resolve():
+        raise ParityInputError(f"--checkpoint: expected --out FILE for this checkpoint's thresholds, found "
+                               f"{args.out or 'none'} ({default_rules_path()} holds the tiny model's and is not "
+                               "replaced from a real checkpoint)")
+    src = resolve_checkpoint(args.checkpoint)       # bad directory / checkpoint: one clear error, now
+    prompt_set = args.prompt_set or str(holdout_prompt_path())
+    header = (f"the checkpoint {src.path} (fingerprint {src.fingerprint[:12]}), every prompt of\n#     {prompt_set} "
+              "(held out from the standard set that parity.first_token judges)")
+    # The kernel under test is not its own yardstick: its bug-budget rules stay the H200-derived defaults.
+    return CalibrationSource(((str(src.path), 0),), prompt_set, "prompt_id", header,
+                             {"checkpoint": str(src.path), "fingerprint": src.fingerprint, "prompt_set": prompt_set},
+                             bug_budget=False)
 
 
 def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = None,
          console: Console | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parity.calibrate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="tiny")
-    ap.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)))
+    ap.add_argument("--preset", default="tiny", help="synthetic preset calibrated over --seeds (default tiny)")
+    ap.add_argument("--seeds", default=None, help=f"synthetic seeds (default {','.join(map(str, DEFAULT_SEEDS))})")
+    ap.add_argument("--checkpoint", default=None,
+                    help="calibrate one checkpoint directory instead (a real model); needs --out")
     ap.add_argument("--plan", default="default")
     ap.add_argument("--profiles", default="bf16,official")
     ap.add_argument("--modes", default=",".join(THINKING_MODES))
     ap.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
-    ap.add_argument("--prompt-set", default=None)
+    ap.add_argument("--prompt-set", default=None,
+                    help="default: the standard set for presets, the hold-out set for --checkpoint")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--out", default=str(default_rules_path()))
+    ap.add_argument("--out", default=None, help=f"rules file to write (presets: default {default_rules_path()})")
     ap.add_argument("--records", default=None, help="also write the calibration records (JSONL)")
     args = ap.parse_args(argv)
 
     def body(console: Console) -> int:
         t0 = time.perf_counter()
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-        if 0 in seeds:
-            console.print("[yellow]warning: seed 0 is the default run's and the bug zoo's checkpoint; "
-                          "thresholds calibrated on it are not held out[/yellow]")
+        source = calibration_source(args, console)
+        out = Path(args.out) if args.out else default_rules_path()
         plan = resolve_plan(args.plan)
         device = parse_device(args.device)
         profiles = [p.strip() for p in args.profiles.split(",") if p.strip()]
         modes = [m.strip() for m in args.modes.split(",") if m.strip()]
         with progress_bars(console) as progress:
-            df = calibrate(preset=args.preset, seeds=seeds, plan=plan, profiles=profiles, modes=modes, device=device,
-                           loaders=loaders or DefaultLoaders(), progress=progress, prompt_set=args.prompt_set)
+            df = calibrate(sources=source.sources, plan=plan, profiles=profiles, modes=modes, device=device,
+                           loaders=loaders or DefaultLoaders(), progress=progress, prompt_set=source.prompt_set,
+                           bug_budget=source.bug_budget)
         rules = derive_rules(df, args.margin) + bug_budget_rules(df, args.margin)
-        loso_failed, loso_total, loso_what = leave_one_seed_out(df, args.margin)
+        loo_failed, loo_total, loo_what = leave_one_out(df, args.margin, source.held_out_by)
+        held = source.held_out_by.replace("_id", "")
         bb_ran = bool((df["pair"] == "bug_budget").any())
         calibration = {
-            "header": {"seeds": ", ".join(map(str, seeds)), "preset": args.preset, "profiles": " and ".join(profiles),
+            "header": {"source": source.header, "profiles": " and ".join(profiles),
                        "plan": plan.name, "margin": args.margin, "tail": TAIL_FACTOR, "flip": LOGIC_FLIP_FACTOR,
                        "bug_budget": "calibrated like the others (a kernel backend ran)." if bb_ran else
-                       "set from the numerics analysis (nvfp4-and-kernels.md §6: kernels match the emulation to "
-                       "FP32\n#     accumulation order, ~1 BF16 ulp after the output cast), widened for FP4 "
-                       "re-quantization\n#     flips inside a layer; provisional until calibrated on a kernel "
-                       "machine."},
-            "method": "worst clean value over seeds x prompts x layers, error x margin, noise floors",
-            "preset": args.preset, "seeds": seeds, "plan": plan.name, "profiles": profiles, "modes": modes,
+                       BUG_BUDGET_HEADER},
+            "method": f"worst clean value over {'seeds x ' if held == 'seed' else ''}prompts x layers, error x margin, "
+                      "noise floors",
+            **source.meta, "plan": plan.name, "profiles": profiles, "modes": modes,
             "margin": args.margin, "records": int(len(df)), "runs": sorted(df["run_id"].unique().tolist()),
             "code_version": code_version(), "device": device_name(device),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "wall_seconds": round(time.perf_counter() - t0, 1),
-            "leave_one_seed_out": f"{loso_failed} of {loso_total} judgements fail when a seed is held out",
+            f"leave_one_{held}_out": f"{loo_failed} of {loo_total} judgements fail when a {held} is held out",
         }
         text = render_toml(rules, dict(DEFAULT_SETTINGS), calibration)
         parse_rules(text, "(generated)")   # never write a file the harness cannot load
-        out = Path(args.out)
         _atomic_write_text(out, text)
         if args.records:
             write_records(args.records, frame_records(df))
         console.print(f"wrote {out}: {len(rules)} rules from {len(df)} records of {len(calibration['runs'])} runs "
-                      f"(seeds {seeds}, margin {args.margin}) in {calibration['wall_seconds']} s")
-        console.print(f"leave-one-seed-out: {loso_failed} of {loso_total} judgements fail")
-        for line in loso_what[:20]:
+                      f"(margin {args.margin}) in {calibration['wall_seconds']} s")
+        console.print(f"leave-one-{held}-out: {loo_failed} of {loo_total} judgements fail")
+        for line in loo_what[:20]:
             console.print(f"  {line}")
         return EXIT_PASS
 

@@ -59,7 +59,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 
 from dsv4.plan import PrecisionPlan
-from dsv4.prompts import default_prompt_path, load_prompt_set
+from dsv4.prompts import holdout_prompt_path, load_prompt_set
 
 from ..env import code_version, device_name
 from ..inputs import EncodedPrompt, encode_prompts
@@ -73,10 +73,6 @@ from .backends import CLEAN_KERNEL, installed
 from .registry import Fault, FaultTargetError
 
 SCHEMA = "parity.bugzoo/1"
-
-
-def holdout_prompt_path() -> Path:
-    return default_prompt_path().with_name("prompts_holdout.toml")
 
 
 @dataclass

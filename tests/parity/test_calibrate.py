@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from parity.calibrate import (LOGIC_FLIP_FACTOR, POLICIES, TAIL_FACTOR, bug_budget_rules, derive_rules,
-                              leave_one_seed_out, margin_for, probe_group, render_toml, threshold)
+                              leave_one_out, margin_for, probe_group, render_toml, threshold)
 from parity.records import to_frame
 from parity.rules import DEFAULT_SETTINGS, judge, parse_rules
 
@@ -58,7 +58,7 @@ def test_derive_rules_takes_the_worst_over_seeds_and_layers() -> None:
 def test_generated_file_parses_and_judges_its_own_calibration_data() -> None:
     df = to_frame(_clean_records())
     rules = derive_rules(df, 2.0) + bug_budget_rules(df, 2.0)
-    header = {k: "x" for k in ("seeds", "preset", "profiles", "plan", "margin", "tail", "flip", "bug_budget")}
+    header = {k: "x" for k in ("source", "profiles", "plan", "margin", "tail", "flip", "bug_budget")}
     rs = parse_rules(render_toml(rules, dict(DEFAULT_SETTINGS), {"header": header, "seeds": [1, 2, 3]}))
     assert rs.calibration["seeds"] == [1, 2, 3]
     assert judge(df, rs)["passed"].all()   # the clean data passes the rules made from it
@@ -68,7 +68,7 @@ def test_generated_file_parses_and_judges_its_own_calibration_data() -> None:
 def test_leave_one_seed_out_reports_held_out_failures() -> None:
     rows = _clean_records()
     rows.append(rec("layers.0.attn.q", "cosine", 0.5, seed=3))   # seed 3 far outside seeds 1-2
-    failed, total, what = leave_one_seed_out(to_frame(rows), 2.0)
+    failed, total, what = leave_one_out(to_frame(rows), 2.0)
     assert total > 0 and failed >= 1
     assert any("seed 3" in w and "attn.q" in w for w in what)
 
@@ -78,3 +78,13 @@ def test_rules_nothing_could_fail_are_not_written() -> None:
     rows += [rec("layers.0.attn.out", "rel_diff", 0.01, seed=s) for s in (1, 2, 3)]
     metrics = {r["metric"] for r in derive_rules(to_frame(rows), 2.0)}
     assert "rel_diff" in metrics and "rel_diff_tok_max" not in metrics
+
+
+def test_leave_one_prompt_out_skips_run_level_aggregates() -> None:
+    rows = [rec(f"layers.{layer}.attn.q", "cosine", 0.97 - 0.01 * layer, seed=1, prompt=p)
+            for p in ("p1", "p2", "p3") for layer in (0, 1)]
+    rows.append(rec("layers.0.attn.q", "cosine", 0.5, seed=1, prompt="p3"))   # p3 far outside p1-p2
+    rows.append(rec("logits", "kl_mean", 0.01, seed=1, prompt="*"))
+    failed, total, what = leave_one_out(to_frame(rows), 2.0, "prompt_id")
+    assert failed >= 1 and any(w.startswith("prompt_id p3:") and "attn.q" in w for w in what)
+    assert not any(w.startswith("prompt_id *") for w in what)
