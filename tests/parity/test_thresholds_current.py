@@ -1,0 +1,61 @@
+"""The shipped thresholds are what ``python -m parity.calibrate`` produces from the code as it is now:
+a numerics change that moves a calibrated worst value by more than the tolerance must come with a
+re-calibration (found once: thresholds left from an older build, logic KL rules 1.5-4.5x too tight
+for the code's own clean runs)."""
+from __future__ import annotations
+
+import torch
+
+from dsv4.plan import resolve_plan
+from dsv4.encoding import THINKING_MODES
+from parity import calibrate
+from parity.rules import default_rules_path, load_rules
+from parity.runner import DefaultLoaders
+
+# Machine-to-machine float noise (another CPU's BF16 kernels) can flip a near tie and move a worst
+# value; a stale file moved them by 1.5-4.5x.
+TOLERANCE = 0.25
+
+
+def _key(r) -> tuple:
+    return (r.probe, r.metric, r.op, r.pair, r.compare_mode, r.profile, r.prompt)
+
+
+def _allowed_error(op: str, value: float) -> float:
+    """The error a rule allows: the value for <=, 1 - value for >= (similarities), exact rules as is."""
+    return 1.0 - value if op == ">=" else value
+
+
+def _near_bound(key: tuple, value: float) -> bool:
+    policy = calibrate.POLICIES.get(key[1])
+    if policy is None or policy.bound in (float("inf"), float("-inf")):
+        return False
+    return abs(value - policy.bound) <= TOLERANCE * abs(policy.bound)
+
+
+def test_default_thresholds_match_a_fresh_calibration() -> None:
+    torch.set_num_threads(1)
+    shipped = load_rules(default_rules_path())
+    cal = shipped.calibration
+    assert "preset" in cal and cal["seeds"] == list(calibrate.DEFAULT_SEEDS), cal
+    df = calibrate.calibrate(sources=[(cal["preset"], s) for s in cal["seeds"]], plan=resolve_plan(cal["plan"]),
+                             profiles=cal["profiles"], modes=list(THINKING_MODES), device="cpu",
+                             loaders=DefaultLoaders())
+    fresh = calibrate.derive_rules(df, cal["margin"]) + calibrate.bug_budget_rules(df, cal["margin"])
+    want = {(r["probe"], r["metric"], r["op"], r.get("pair"), r.get("compare_mode"), r.get("profile"),
+             r.get("prompt")): r["value"] for r in fresh}
+    have = {_key(r): r.value for r in shipped.rules}
+    # a rule whose threshold lies past its metric's range is not written: one near that edge may come
+    # and go with float noise; any other rule present on one side only is stale
+    odd = [(k, v, side) for side, mine, other in (("shipped", have, want), ("fresh", want, have))
+           for k, v in mine.items() if k not in other and not _near_bound(k, v)]
+    assert not odd, f"rules on one side only (re-run `python -m parity.calibrate`): {odd[:5]}"
+    stale = []
+    for k, v in have.items():
+        if k not in want:
+            continue
+        a, b = _allowed_error(k[2], v), _allowed_error(k[2], want[k])
+        if abs(a - b) > TOLERANCE * max(abs(a), abs(b), 1e-12):
+            stale.append(f"{k[0]} {k[1]} {k[3]}/{k[4]}/{k[5]}: shipped {v:.6g}, fresh {want[k]:.6g}")
+    assert not stale, (f"{len(stale)} thresholds are stale; re-run `python -m parity.calibrate`:\n"
+                       + "\n".join(stale[:20]))
