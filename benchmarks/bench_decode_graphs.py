@@ -42,7 +42,7 @@ import dsv4  # noqa: E402
 from dsv4.checkpoint.synth import cache_root, synth  # noqa: E402
 from dsv4.config import preset  # noqa: E402
 from dsv4.decode.graphs import GraphDecoder, bitwise_equal  # noqa: E402
-from dsv4.decode.pieces import PieceRunner, advance, finish  # noqa: E402
+from dsv4.decode.pieces import Piece, PieceRunner  # noqa: E402
 
 MEDIUM = dict(name="decode-bench-medium", vocab_size=4096, hidden_size=1024, num_hidden_layers=8,
               num_attention_heads=8, q_lora_rank=512, o_lora_rank=256, o_groups=4, n_routed_experts=16,
@@ -62,19 +62,9 @@ def checkpoint(name: str) -> str:
 def shared_backend(name: str, device: str) -> str:
     """``name`` with one backend instance per device for every model loaded here: the CuTe DSL kernels
     compile once per backend instance, and both configs use the same kernel shape classes."""
-    from dsv4.kernels.registry import backend_info, get_backend, register_backend
+    from dsv4.kernels.registry import register_shared_backend, resolve_backend
 
-    if name == "auto":
-        name = get_backend("auto", device).name
-    base, made = backend_info(name), {}
-
-    def factory(dev: torch.device) -> Any:
-        if str(dev) not in made:
-            made[str(dev)] = base.factory(dev)
-        return made[str(dev)]
-
-    register_backend(name + "_shared", factory, supports=base.supports, priority=-1)
-    return name + "_shared"
+    return register_shared_backend(resolve_backend(name, device).name)
 
 
 def _sync(dev: torch.device) -> None:
@@ -90,32 +80,39 @@ def _timed(fn: Any, dev: torch.device) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
+class TimedPieceRunner(PieceRunner):
+    """The pieces run eagerly, each synchronized and timed; ms summed per piece kind after ``warm`` steps."""
+
+    def __init__(self, model: Any, dev: torch.device, warm: int) -> None:
+        super().__init__(model)
+        self.dev, self.warm, self.steps = dev, warm, 0
+        self.ms: dict[str, float] = {}
+        self.graphable: dict[str, bool] = {}
+
+    def step(self, state: Any, token_id: Any) -> torch.Tensor:
+        out = super().step(state, token_id)
+        self.steps += 1
+        return out
+
+    def run_piece(self, p: Piece) -> None:
+        _, dt = _timed(lambda: super(TimedPieceRunner, self).run_piece(p), self.dev)
+        kind = p.name.rsplit(".", 1)[-1]
+        self.graphable[kind] = p.graphable
+        if self.steps >= self.warm:
+            self.ms[kind] = self.ms.get(kind, 0.0) + dt * 1e3
+
+
 def breakdown(model: Any, prompt: torch.Tensor, toks: list[int], warm: int, dev: torch.device) -> dict[str, Any]:
     """Mean ms per step of each piece kind (synchronized after every piece), steps after ``warm``."""
-    runner = PieceRunner(model)
+    runner = TimedPieceRunner(model, dev, warm)
     _, st = model.prefill(prompt)
-    per_kind: dict[str, float] = {}
-    graphable: dict[str, bool] = {}
-    counted = 0
-    for i, tok in enumerate(toks[:-1]):
-        advance(model, st, tok, runner.cur)
-        for name in runner.names:
-            runner.buf.t[f"tok@{name}"].fill_(tok)
-            runner.buf.t[f"pos@{name}"].fill_(runner.cur.start)
-        for p in runner.pieces:
-            vals, dt = _timed(p.run, dev)
-            for n, v in vals.items():
-                runner.buf.put(n, v)
-            kind = p.name.rsplit(".", 1)[-1]
-            graphable[kind] = p.graphable
-            if i >= warm:
-                per_kind[kind] = per_kind.get(kind, 0.0) + dt * 1e3
-        finish(st, runner.cur)
-        counted += i >= warm
-    ms = {k: v / max(counted, 1) for k, v in per_kind.items()}
-    return {"ms_per_step_by_piece": ms, "graphable": graphable,
-            "eager_by_design_ms": sum(v for k, v in ms.items() if not graphable[k]),
-            "graphable_ms": sum(v for k, v in ms.items() if graphable[k])}
+    for tok in toks[:-1]:
+        runner.step(st, tok)
+    counted = max(runner.steps - warm, 1)
+    ms = {k: v / counted for k, v in runner.ms.items()}
+    return {"ms_per_step_by_piece": ms, "graphable": runner.graphable,
+            "eager_by_design_ms": sum(v for k, v in ms.items() if not runner.graphable[k]),
+            "graphable_ms": sum(v for k, v in ms.items() if runner.graphable[k])}
 
 
 def bench(name: str, *, device: str, backend: str, steps: int, warm: int) -> dict[str, Any]:

@@ -240,6 +240,11 @@ def bug_budget_rules(df: pd.DataFrame, margin: float) -> list[dict[str, Any]]:
     return out
 
 
+def calibrated_rules(df: pd.DataFrame, margin: float) -> list[dict[str, Any]]:
+    """Every rule of a thresholds file from clean records: the calibrated ones and the bug budget's."""
+    return derive_rules(df, margin) + bug_budget_rules(df, margin)
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, str):
         return "'" + v + "'" if "'" not in v and "\n" not in v else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -387,7 +392,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
             df = calibrate(sources=source.sources, plan=plan, profiles=profiles, modes=modes, device=device,
                            loaders=loaders or DefaultLoaders(), progress=progress, prompt_set=source.prompt_set,
                            bug_budget=source.bug_budget)
-        rules = derive_rules(df, args.margin) + bug_budget_rules(df, args.margin)
+        rules = calibrated_rules(df, args.margin)
         loo_failed, loo_total, loo_what = leave_one_out(df, args.margin, source.held_out_by)
         held = source.held_out_by.replace("_id", "")
         bb_ran = bool((df["pair"] == "bug_budget").any())

@@ -85,6 +85,19 @@ def set_threads(threads: int | None, device: str, config: Any) -> None:
         torch.set_num_threads(1)
 
 
+def load_run_source(args: Any, device: str) -> tuple[Any, list[Any]]:
+    """The checkpoint and encoded prompts of a model-running CLI (flags of ``add_run_arguments``),
+    with the thread count set for that checkpoint on ``device``."""
+    from .inputs import encode_prompts, select_prompts
+    from .source import resolve_checkpoint
+
+    src = resolve_checkpoint(args.checkpoint, args.seed)
+    set_threads(args.threads, device, src.config)
+    prompts = encode_prompts(select_prompts(args.mode, args.prompt, args.prompt_set), src.tokenizer,
+                             src.config.vocab_size)
+    return src, prompts
+
+
 @contextmanager
 def progress_bars(console: Console) -> Iterator[Callable[[str, int, int], None]]:
     """A ``progress(description, done, total)`` callback drawing one transient bar per description

@@ -24,7 +24,7 @@ from rich.console import Console
 from dsv4.plan import resolve_plan
 
 from .cli import (DTYPES, EXIT_FAIL, EXIT_PASS, add_run_arguments, parse_device, parse_device_map, progress_bars,
-                  run_cli, set_threads)
+                  load_run_source, run_cli)
 from .env import code_version, device_name
 from .inputs import encode_prompts, select_prompts
 from .logits_stats import DEFAULT_TOPK, KL_DIRECTION
@@ -33,7 +33,6 @@ from .records import atomic_write_json, json_safe, to_frame, write_records
 from .render import columns_table, header, layer_table, prompt_panel, rules_report, selection_table, stat_table
 from .rules import load_rules
 from .runner import DefaultLoaders, ModelLoaders
-from .source import resolve_checkpoint
 from .summary import layer_cosines, stat_block
 from .threeway import COLUMNS, RunSpec, ThreeWayResult, run_threeway, settings_from_rules
 from .verdict import Verdict, evaluate
@@ -128,10 +127,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
             return _dry_run(console, args, plan, device)
         rules = load_rules(args.rules)
         columns = [c.strip() for c in args.columns.split(",") if c.strip()]
-        src = resolve_checkpoint(args.checkpoint, args.seed)
-        set_threads(args.threads, device, src.config)
-        prompts = encode_prompts(select_prompts(args.mode, args.prompt, args.prompt_set), src.tokenizer,
-                                 src.config.vocab_size)
+        src, prompts = load_run_source(args, device)
         spec = RunSpec(source=src, prompts=prompts, plan=plan, backend=args.backend, profile=args.profile,
                        device=device, device_map=parse_device_map(args.device_map), ref_dtype=DTYPES[args.ref_dtype],
                        settings=settings_from_rules(rules, args.per_token),

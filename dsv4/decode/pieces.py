@@ -126,10 +126,14 @@ class PieceRunner:
                 self.buf.t[f"tok@{name}"].fill_(int(state.token_ids[-1]))
                 self.buf.t[f"pos@{name}"].fill_(self.cur.start)
             for p in self.pieces:
-                for n, v in p.run().items():
-                    self.buf.put(n, v)
+                self.run_piece(p)
         finish(state, self.cur)
         return self.buf["logits"][0].clone()
+
+    def run_piece(self, p: Piece) -> None:
+        """One piece, its outputs stored (a subclass may wrap it, e.g. to time each piece)."""
+        for n, v in p.run().items():
+            self.buf.put(n, v)
 
 
 def build_pieces(model: Any, buf: Buffers, cur: StepInput) -> list[Piece]:

@@ -108,6 +108,24 @@ def resolve_backend(name: str = "auto", device: str | torch.device = "cpu", *,
     return info
 
 
+def register_shared_backend(name: str) -> str:
+    """Register ``name + "_shared"``: backend ``name`` with one instance per device for every model of
+    this process (the CuTe DSL kernels compile once per backend instance, so each model load would
+    otherwise compile them again). Priority -1: never ``auto``'s choice. Idempotent; returns the name."""
+    shared = name + "_shared"
+    if shared in available_backends():
+        return shared
+    base, made = backend_info(name), {}
+
+    def factory(dev: torch.device) -> Backend:
+        if str(dev) not in made:
+            made[str(dev)] = base.factory(dev)
+        return made[str(dev)]
+
+    register_backend(shared, factory, supports=base.supports, priority=-1, note=base.note)
+    return shared
+
+
 def backend_info(name: str) -> BackendInfo:
     infos = available_backends()
     if name not in infos:

@@ -16,16 +16,16 @@ from rich.console import Console
 from dsv4.plan import resolve_plan
 
 from ..cli import (DTYPES, EXIT_FAIL, EXIT_PASS, add_run_arguments, parse_device, parse_device_map, progress_bars,
-                   run_cli, set_threads)
+                   load_run_source, run_cli)
 from ..env import code_version, device_name
 from ..errors import ParityInputError
-from ..inputs import EncodedPrompt, encode_prompts, select_prompts
+from ..inputs import EncodedPrompt
 from ..logits_stats import DEFAULT_TOPK, KL_DIRECTION, summarize
 from ..records import atomic_write_json, json_safe, to_frame, write_records
 from ..render import header, rules_report
 from ..rules import load_rules
 from ..runner import ModelLoaders
-from ..source import CheckpointSource, resolve_checkpoint
+from ..source import CheckpointSource
 from ..threeway import settings_from_rules
 from ..verdict import evaluate
 from .records import aggregate_records, context, free_running_failures, memory_growth_per_step, prompt_records
@@ -151,10 +151,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
         t_start = time.perf_counter()
         device = parse_device(args.device)
         rules = load_rules(args.rules)
-        src = resolve_checkpoint(args.checkpoint, args.seed)
-        set_threads(args.threads, device, src.config)
-        prompts = encode_prompts(select_prompts(args.mode, args.prompt, args.prompt_set), src.tokenizer,
-                                 src.config.vocab_size)
+        src, prompts = load_run_source(args, device)
         spec = _spec(args, src, prompts, rules, device)
         with progress_bars(console) as progress:
             run = run_decode(spec, loaders, progress)

@@ -48,28 +48,13 @@ def _side_by_side(model: Any, dec: GraphDecoder, steps: int = STEPS) -> list[flo
     return diffs
 
 
-_SHARED: dict[str, Any] = {}
-SHARED_SM90 = "cutedsl_sm90_shared"
-
-
 def shared_sm90() -> str:
-    """A backend name whose instances are shared per device by every model this process loads: the
-    CuTe DSL kernels are compiled once per backend instance, so without it each model load (here and
-    in test_decode_readiness.py) would compile every kernel again. Never picked by ``auto``."""
-    from dsv4.kernels.registry import available_backends, backend_info, register_backend
+    """The sm_90 backend shared per device by every model this process loads (kernels compile once;
+    test_decode_readiness.py and test_decode_gpu.py use it too). Never picked by ``auto``."""
+    from dsv4.kernels.registry import register_shared_backend
 
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
-    if SHARED_SM90 in available_backends():   # registered by another test module of this process
-        return SHARED_SM90
-    base = backend_info("cutedsl_sm90")
-
-    def factory(dev: torch.device) -> Any:
-        if str(dev) not in _SHARED:
-            _SHARED[str(dev)] = base.factory(dev)
-        return _SHARED[str(dev)]
-
-    register_backend(SHARED_SM90, factory, supports=base.supports, priority=-1)
-    return SHARED_SM90
+    return register_shared_backend("cutedsl_sm90")
 
 
 def _sm90_model(device: str) -> Any:

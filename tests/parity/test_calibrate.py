@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from parity.calibrate import (LOGIC_FLIP_FACTOR, POLICIES, TAIL_FACTOR, bug_budget_rules, derive_rules,
+from parity.calibrate import (LOGIC_FLIP_FACTOR, POLICIES, TAIL_FACTOR, calibrated_rules, derive_rules,
                               leave_one_out, margin_for, probe_group, render_toml, threshold)
 from parity.records import to_frame
 from parity.rules import DEFAULT_SETTINGS, judge, parse_rules
@@ -57,7 +57,7 @@ def test_derive_rules_takes_the_worst_over_seeds_and_layers() -> None:
 
 def test_generated_file_parses_and_judges_its_own_calibration_data() -> None:
     df = to_frame(_clean_records())
-    rules = derive_rules(df, 2.0) + bug_budget_rules(df, 2.0)
+    rules = calibrated_rules(df, 2.0)
     header = {k: "x" for k in ("source", "profiles", "plan", "margin", "tail", "flip", "bug_budget")}
     rs = parse_rules(render_toml(rules, dict(DEFAULT_SETTINGS), {"header": header, "seeds": [1, 2, 3]}))
     assert rs.calibration["seeds"] == [1, 2, 3]

@@ -7,35 +7,22 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 from rich.console import Console
 
 from parity import decode
 from parity.records import read_records
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90, pytest.mark.parity]
-SHARED_SM90 = "cutedsl_sm90_shared"
 
 
 def _shared_sm90() -> str:
-    """One backend instance per device for every model of this process (kernels compile once); the
-    same name tests/dsv4/test_decode_graphs.py registers, reused when it is there."""
-    from dsv4.kernels.registry import available_backends, backend_info, register_backend
+    """One backend instance per device for every model of this process (kernels compile once)."""
+    from dsv4.kernels.registry import register_shared_backend
 
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
-    if SHARED_SM90 not in available_backends():
-        base, made = backend_info("cutedsl_sm90"), {}
-
-        def factory(dev: torch.device) -> Any:
-            if str(dev) not in made:
-                made[str(dev)] = base.factory(dev)
-            return made[str(dev)]
-
-        register_backend(SHARED_SM90, factory, supports=base.supports, priority=-1)
-    return SHARED_SM90
+    return register_shared_backend("cutedsl_sm90")
 
 
 def test_teacher_forced_parity_through_graphs_equals_eager(tmp_path: Path) -> None:

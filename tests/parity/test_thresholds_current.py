@@ -41,7 +41,7 @@ def test_default_thresholds_match_a_fresh_calibration() -> None:
     df = calibrate.calibrate(sources=[(cal["preset"], s) for s in cal["seeds"]], plan=resolve_plan(cal["plan"]),
                              profiles=cal["profiles"], modes=list(THINKING_MODES), device="cpu",
                              loaders=DefaultLoaders())
-    fresh = calibrate.derive_rules(df, cal["margin"]) + calibrate.bug_budget_rules(df, cal["margin"])
+    fresh = calibrate.calibrated_rules(df, cal["margin"])
     want = {(r["probe"], r["metric"], r["op"], r.get("pair"), r.get("compare_mode"), r.get("profile"),
              r.get("prompt")): r["value"] for r in fresh}
     have = {_key(r): r.value for r in shipped.rules}

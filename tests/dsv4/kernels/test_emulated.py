@@ -280,6 +280,19 @@ def test_registered_as_emulated() -> None:
     assert isinstance(be, EmulatedBackend) and be.name == "emulated"
 
 
+def test_a_shared_backend_is_one_instance_per_device_and_never_auto() -> None:
+    from dsv4.kernels.registry import register_shared_backend, resolve_backend, unregister_backend
+
+    name = register_shared_backend("emulated")
+    try:
+        assert name == "emulated_shared" and register_shared_backend("emulated") == name
+        assert get_backend(name, "cpu") is get_backend(name, "cpu")
+        assert get_backend("emulated", "cpu") is not get_backend("emulated", "cpu")
+        assert resolve_backend("auto", "cpu").name == "emulated"
+    finally:
+        unregister_backend(name)
+
+
 @pytest.mark.gpu
 def test_cuda_results_match_cpu(device: str) -> None:
     a, b = operand(33, 256, 1), operand(40, 256, 2, scale=0.1)
