@@ -20,9 +20,32 @@ from .render import error
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
-EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
-# Exceptions that mean "bad input" at a CLI edge (exit 2); anything else is a bug and propagates.
+# One contract for every CLI: 0 pass, 1 verdict failure, 2 bad input, 3 the tool itself failed (one
+# line on the console, the traceback in a log file whose path is printed), 130 interrupted.
+EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_TOOL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+# Exceptions that mean "bad input" at a CLI edge (exit 2); anything else is the tool's own failure (3).
 INPUT_ERRORS: tuple[type[BaseException], ...] = (ParityInputError, PlanError, CheckpointError, ConfigError)
+
+
+def traceback_log(exc: BaseException) -> str:
+    """Write ``exc``'s traceback under ``$DSV4_PARITY_CACHE/logs`` (a temp dir if that is not writable)."""
+    import os
+    import tempfile
+    import time
+    import traceback
+    from pathlib import Path
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    name = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{Path(sys.argv[0]).stem or 'parity'}.log"
+    for base in (Path(os.environ.get("DSV4_PARITY_CACHE", Path.home() / ".cache" / "dsv4-parity")) / "logs",
+                 Path(tempfile.gettempdir()) / "dsv4-parity-logs"):
+        try:
+            base.mkdir(parents=True, exist_ok=True)
+            (base / name).write_text(" ".join(sys.argv) + "\n\n" + text, encoding="utf-8")
+            return str(base / name)
+        except OSError:
+            continue
+    return "(no writable log directory)"
 
 
 def run_cli(body: Callable[[Console], int], console: Console | None = None) -> int:
@@ -36,6 +59,12 @@ def run_cli(body: Callable[[Console], int], console: Console | None = None) -> i
     except INPUT_ERRORS as e:
         error(console, str(e))
         return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        error(console, "interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as e:  # the tool's own failure: never a traceback that looks like a verdict
+        error(console, f"internal error ({type(e).__name__}: {e}); traceback in {traceback_log(e)}")
+        return EXIT_TOOL_FAILED
 
 
 def parse_device(device: str | None, *, must_exist: bool = True) -> str:

@@ -9,6 +9,7 @@ first-token statistics of :mod:`parity.logits_stats`.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -19,6 +20,8 @@ from dsv4.config import DSV4Config
 from dsv4.probes import layer_probe, parse_probe
 
 from .errors import SurfaceError
+
+log = logging.getLogger(__name__)
 from .logits_stats import DEFAULT_NEAR_TIE, DEFAULT_TOPK, PositionStats, at_position, position_stats, \
     teacher_forced_targets
 from .metrics import ShapeMismatchError, compare_tensors
@@ -105,6 +108,12 @@ def compare_probes(anchor: Mapping[str, torch.Tensor], test: Mapping[str, torch.
                                      f"({where.pair}, {where.compare_mode}, prompt {where.prompt_id})")
         b = test[name]
         layer, suffix = parse_probe(name)
+        if suffix not in ENTRY_SUFFIXES and getattr(a, "shape", None) != getattr(b, "shape", None):
+            # a judgement, not a crash: the probe fails the exact rule shape_mismatch == 0 (both shapes logged)
+            log.warning("probe %s (%s, %s, prompt %s): shapes differ: anchor %s, test %s", name, where.pair,
+                        where.compare_mode, where.prompt_id, tuple(a.shape), tuple(b.shape))
+            records.append(where.rec(name, "shape_mismatch", 1.0))
+            continue
         if suffix in ENTRY_SUFFIXES:
             records += [where.rec(name, m, v) for m, v in entry_agreement(a, b).items()]
             if a.shape != b.shape:

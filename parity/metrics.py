@@ -31,7 +31,8 @@ FLOAT_METRICS = ("cosine", "rel_diff", "rel_l2", "max_abs", "snr_db")
 TOKEN_METRICS = ("cosine_tok_min", "rel_diff_tok_max", "rel_diff_tok_p50")
 # Isolated mode only: the metrics without tokens whose selection flipped at a near tie (compare.py).
 UNTIED_METRICS = ("cosine_untied", "rel_diff_untied", "tie_flip_tokens")
-ALL_TENSOR_METRICS = FLOAT_METRICS + TOKEN_METRICS + UNTIED_METRICS + ("nonfinite_mismatch",)
+# shape_mismatch: written by parity.compare (1.0) when the two sides' probe shapes differ (a judgement)
+ALL_TENSOR_METRICS = FLOAT_METRICS + TOKEN_METRICS + UNTIED_METRICS + ("nonfinite_mismatch", "shape_mismatch")
 
 
 class ShapeMismatchError(ValueError):

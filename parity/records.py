@@ -31,6 +31,9 @@ FIELDS: tuple[str, ...] = (
 )
 PAIRS = ("logic", "floor", "bug_budget")
 COMPARE_MODES = ("propagated", "isolated")
+# The per-call kernel audit's records (parity.audit): judged by exact rules, not by a comparison mode.
+AUDIT_MODE = "audit"
+RECORD_MODES = COMPARE_MODES + (AUDIT_MODE,)
 # prompt_id of aggregates over every prompt of a run (the stat block, set-level rates).
 ALL_PROMPTS = "*"
 _NONFINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}

@@ -38,10 +38,13 @@ from dsv4.probes import probe_names
 from .errors import RulesError
 from .logits_stats import DEFAULT_NEAR_TIE, LOGITS_METRICS
 from .metrics import ALL_TENSOR_METRICS
-from .records import COMPARE_MODES, PAIRS
+from .records import AUDIT_MODE, PAIRS, RECORD_MODES
 from .selection import DEFAULT_INDEXER_TIE, DEFAULT_ROUTER_TIE, SELECTION_METRICS
 
-KNOWN_METRICS = frozenset(ALL_TENSOR_METRICS + SELECTION_METRICS + LOGITS_METRICS)
+# The kernel audit's metrics (parity.audit): violations must be 0 (exact); calls and the worst
+# |got - expected| / bound ratio are information.
+AUDIT_METRICS = ("audit_violations", "weight_mismatches", "audit_calls", "audit_worst_ratio")
+KNOWN_METRICS = frozenset(ALL_TENSOR_METRICS + SELECTION_METRICS + LOGITS_METRICS + AUDIT_METRICS)
 PROFILES = ("bf16", "official")
 OPS: Mapping[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt, "==": operator.eq}
@@ -117,7 +120,7 @@ def _parse_rule(d: Any, i: int, where: str) -> Rule:
     v = d["value"]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(float(v)):
         raise RulesError(f"{w}: value: expected a number, found {v!r}")
-    for key, allowed in (("pair", PAIRS), ("compare_mode", COMPARE_MODES), ("profile", PROFILES)):
+    for key, allowed in (("pair", PAIRS), ("compare_mode", RECORD_MODES), ("profile", PROFILES)):
         if d.get(key) is not None and d[key] not in allowed:
             raise RulesError(f"{w}: {key}: expected one of {list(allowed)}, found {d[key]!r}")
     if d.get("prompt") is not None:
@@ -226,6 +229,26 @@ def judge(df: pd.DataFrame, rules: RuleSet | Sequence[Rule]) -> pd.DataFrame:
     out["threshold"] = np.concatenate(thresholds)
     out["passed"] = np.concatenate(passed)
     return out
+
+
+def audit_rules(start_index: int) -> tuple[Rule, ...]:
+    """The audit's verdict, built in and not calibrated: every kernel call within its analytic bound and
+    every served weight equal to the reference's dequantization (docs/audit.md)."""
+    why = "exact: the oracle's analytic bound per element (parity.audit), not a learned threshold"
+    return tuple(Rule(probe=".*", metric=m, op="<=", value=0.0, pair="bug_budget", compare_mode=AUDIT_MODE,
+                      note=why, index=start_index + i)
+                 for i, m in enumerate(("audit_violations", "weight_mismatches")))
+
+
+def with_audit_rules(rules: RuleSet, audited: bool) -> RuleSet:
+    """The rules a run is judged by. With audit records (``audited``) the bug-budget column is judged by
+    the audit alone: its distribution rules (cosine, rel_diff, KL of emulated vs kernel) are dropped from
+    the verdict and their statistics stay in the records and the report as information."""
+    if not audited:
+        return rules
+    kept = tuple(r for r in rules.rules if r.pair != "bug_budget")
+    start = max((r.index for r in rules.rules), default=-1) + 1
+    return RuleSet(kept + audit_rules(start), rules.settings, rules.calibration, rules.source)
 
 
 def passing_threshold(r: Rule, values: pd.Series) -> float | None:

@@ -84,6 +84,11 @@ class ColumnResult:
     # prompt id -> (anchor logits, test logits) at the first-token position, fp32 [V]
     last_logits: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     kernels_missing: list[str] = field(default_factory=list)
+    # bug_budget only: the kernel audit (parity.audit): per-call summary, weight audit summary, and the
+    # violating calls with their operands (for `python -m parity.audit` repros)
+    audit: dict[str, Any] = field(default_factory=dict)
+    weight_audit: dict[str, Any] = field(default_factory=dict)
+    audit_kept: list[Any] = field(default_factory=list, repr=False)
 
 
 @dataclass
@@ -193,9 +198,14 @@ class _Runner:
         stats: dict[str, list[PositionStats]] = {m: [] for m in spec.modes}
         kept: list[SideOutput] = []
         L = spec.source.config.num_hidden_layers
+        auditor = None
+        if backend != EMULATED:   # the bug-budget column is judged by the exact kernel audit
+            auditor = self._audit_begin(model, ctx, name, result)
         for n, (p, anchor) in enumerate(zip(spec.prompts, anchors)):
             self.progress(f"{name}: {label} forward", n, len(spec.prompts))
             ids = p.tensor()
+            if auditor is not None:
+                auditor.prompt_id = p.id
             out = run_propagated(model, ids, spec.device)
             self.forwards.append(ForwardTime(name, label, p.id, "propagated", out.seconds["forward"], p.n_tokens))
             tests = {"propagated": out.probes}
@@ -217,9 +227,31 @@ class _Runner:
         self._set_records(ctx, name, stats)
         if backend != EMULATED:
             result.kernels_missing = _kernels_missing(model)
+        if auditor is not None:
+            self._audit_end(auditor, ctx, name, result)
         model = None
         free_memory(self.spec.device)
         return result, kept
+
+    def _audit_begin(self, model: Any, ctx: RunContext, pair: str, result: ColumnResult) -> Any:
+        """Weight audit first (what the kernel reads for every NVFP4 weight), then a tap that audits
+        every kernel call of the forwards that follow."""
+        from .audit import CallAuditor, audit_weights, weight_records
+
+        self.progress(f"{pair}: weight audit", 0, 1)
+        wa = audit_weights(model, progress=lambda i, n: self.progress(f"{pair}: weight audit", i, n))
+        result.weight_audit = wa.summary()
+        self.records += weight_records(wa, ctx, pair, set_mode_of(self.spec.prompts))
+        auditor = CallAuditor()
+        auditor.attach(model)     # detached in _audit_end; on an error the model is dropped with its taps
+        return auditor
+
+    def _audit_end(self, auditor: Any, ctx: RunContext, pair: str, result: ColumnResult) -> None:
+        auditor.detach()
+        modes = {p.id: p.mode for p in self.spec.prompts}
+        self.records += auditor.records(ctx, modes, pair)
+        result.audit = auditor.summary()
+        result.audit_kept = list(auditor.kept)
 
     def _set_records(self, ctx: RunContext, pair: str, stats: Mapping[str, list[PositionStats]]) -> None:
         mode_of_set = set_mode_of(self.spec.prompts)

@@ -15,8 +15,8 @@ import pandas as pd
 
 from dsv4.probes import LAYER_PROBES, parse_probe
 
-from .records import ALL_PROMPTS
-from .rules import RuleOutcome, RuleSet, judge, outcomes
+from .records import ALL_PROMPTS, AUDIT_MODE
+from .rules import RuleOutcome, RuleSet, judge, outcomes, with_audit_rules
 
 _SUFFIX_ORDER = {s: n for n, (s, _) in enumerate(LAYER_PROBES)}
 _GLOBAL_ORDER = {"embed": (0, 0, 0), "hc_head": (2, 0, 0), "final_norm": (2, 1, 0), "logits": (2, 2, 0)}
@@ -109,7 +109,11 @@ class Verdict:
 
 def evaluate(df: pd.DataFrame, rules: RuleSet, extra_failures: list[str] | None = None,
              divergence_mode: str = "isolated") -> Verdict:
+    audited = bool(((df["pair"] == "bug_budget") & (df["compare_mode"] == AUDIT_MODE)).any()) if not df.empty else False
+    rules = with_audit_rules(rules, audited)
     judged = judge(df, rules)
     pairs = [p for p in ("logic", "floor", "bug_budget") if p in set(df["pair"])]
+    # The audit's first divergence is its first violating call in execution order (records per component probe).
+    modes = {p: (AUDIT_MODE if p == "bug_budget" and audited else divergence_mode) for p in pairs}
     return Verdict(judged, outcomes(judged, rules), pairs,
-                   {p: first_divergence(judged, p, divergence_mode) for p in pairs}, list(extra_failures or []))
+                   {p: first_divergence(judged, p, modes[p]) for p in pairs}, list(extra_failures or []))

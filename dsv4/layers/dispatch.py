@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
@@ -53,12 +54,40 @@ class KernelLog:
         self.by_module.clear()
 
 
+@dataclass(frozen=True)
+class KernelCall:
+    """One finished kernel call as a tap sees it: the module and plan class that issued it, the op
+    (``gemm``, ``grouped_gemm``, ``quantize_activation``), the validated request, the backend's output
+    and the backend's name."""
+
+    module: str
+    component: str
+    op: str
+    request: Any
+    output: Any
+    backend: str
+
+
+Tap = Callable[[KernelCall], None]
+
+
 class Dispatcher:
-    """One backend on one device, plus the model's log."""
+    """One backend on one device, plus the model's log. ``taps`` observe every finished call (an
+    observer such as a per-call audit); with none registered a call costs one empty-list check."""
 
     def __init__(self, backend: Backend, log: KernelLog) -> None:
         self.backend = backend
         self.log = log
+        self.taps: list[Tap] = []
+
+    def add_tap(self, tap: Tap) -> Callable[[], None]:
+        """Observe every call from now on; returns the function that removes the tap again."""
+        self.taps.append(tap)
+        return lambda: self.taps.remove(tap) if tap in self.taps else None
+
+    def _tapped(self, module: str, component: str, op: str, req: Any, out: Any) -> None:
+        for tap in list(self.taps):
+            tap(KernelCall(module, component, op, req, out, self.backend.name))
 
     @property
     def name(self) -> str:
@@ -71,14 +100,20 @@ class Dispatcher:
     def gemm(self, module: str, component: str, req: GemmRequest) -> torch.Tensor:
         y = self.backend.gemm(req)
         self.log.record(module, component, self.backend.name, "gemm")
+        if self.taps:
+            self._tapped(module, component, "gemm", req, y)
         return y
 
     def grouped_gemm(self, module: str, component: str, req: GroupedGemmRequest) -> torch.Tensor:
         y = self.backend.grouped_gemm(req)
         self.log.record(module, component, self.backend.name, "grouped_gemm")
+        if self.taps:
+            self._tapped(module, component, "grouped_gemm", req, y)
         return y
 
     def quantize_activation(self, module: str, component: str, req: ActQuantRequest) -> FP4Operand:
         a = self.backend.quantize_activation(req)
         self.log.record(module, component, self.backend.name, "quantize_activation")
+        if self.taps:
+            self._tapped(module, component, "quantize_activation", req, a)
         return a

@@ -6,7 +6,8 @@ neither was used to calibrate the thresholds (tiny seeds 1-3, standard prompts).
 fault) must raise no alarm on the same prompts.
 
 Exit codes: 0 every fault caught in its column and localized, clean row quiet; 1 otherwise;
-2 bad input (unknown fault, unimportable --faults-module, bad checkpoint or prompts).
+2 bad input (unknown fault, unimportable --faults-module, bad checkpoint or prompts); 3 a row could
+not be measured (marked ``error`` with its message; every other row is kept and written).
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from rich.console import Console
 from dsv4.plan import resolve_plan
 from dsv4.prompts import PromptSetError
 
-from ..cli import EXIT_FAIL, EXIT_PASS, parse_device, progress_bars, run_cli, set_threads
-from ..errors import PromptError
+from ..cli import EXIT_FAIL, EXIT_PASS, EXIT_TOOL_FAILED, parse_device, progress_bars, run_cli, set_threads
+from ..errors import ParityInputError, PromptError
 from ..records import atomic_write_json, write_records
 from ..rules import load_rules
 from ..runner import ModelLoaders
@@ -36,7 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fault", action="append", metavar="NAME", help="run only this fault (repeatable)")
     p.add_argument("--list", action="store_true", help="list the registered faults and exit")
     p.add_argument("--faults-module", action="append", metavar="M", default=[],
-                   help="import this module (dotted name or .py file) first; it registers its own faults")
+                   help="import this module (dotted name or .py file) and run only its faults (with "
+                        "--with-builtins, the built-in ones too)")
+    p.add_argument("--with-builtins", action="store_true", help="with --faults-module: also run the built-in faults")
+    p.add_argument("--clean-only", action="store_true", help="run only the clean row (no fault: must raise no alarm)")
     p.add_argument("--records", default=None, help="write every measurement as JSONL here (field 'fault' set)")
     p.add_argument("--json", default=None, help="write the zoo summary (schema parity.bugzoo/1) here")
     p.add_argument("--checkpoint", default="tiny", help="checkpoint directory or preset (default: tiny)")
@@ -60,12 +64,20 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
     args = build_parser().parse_args(argv)
 
     def body(console: Console) -> int:
-        for m in args.faults_module:
-            load_faults_module(m)
+        user = [f for m in args.faults_module for f in load_faults_module(m)]
         if args.list:
             fault_list(console, list_faults())
             return EXIT_PASS
-        faults = [get_fault(n) for n in args.fault] if args.fault else list_faults()
+        if args.clean_only and (args.fault or args.no_clean):
+            raise ParityInputError("--clean-only: expected without --fault / --no-clean, found both")
+        if args.fault:
+            faults = [get_fault(n) for n in args.fault]
+        elif args.clean_only:
+            faults = []
+        elif args.faults_module and not args.with_builtins:
+            faults = user     # a user's faults module runs its own faults, not the whole zoo again
+        else:
+            faults = list_faults()
         plan = resolve_plan(args.plan)
         device = parse_device(args.device)
         rules = load_rules(args.rules)
@@ -90,6 +102,8 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
         footer(console, summary)
         if args.json:
             atomic_write_json(args.json, summary)
+        if any(r.error for r in result.rows):   # rows measured so far are kept above; this run is incomplete
+            return EXIT_TOOL_FAILED
         return EXIT_PASS if result.passed else EXIT_FAIL
 
     return run_cli(body, console)

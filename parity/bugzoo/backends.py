@@ -13,12 +13,12 @@ run's ``auto`` kernel backend.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
 from dsv4.kernels import emulated, registry
-from dsv4.kernels.contract import GemmRequest, GroupedGemmRequest
+from dsv4.kernels.contract import ActQuantRequest, FP4Operand, GemmRequest, GroupedGemmRequest
 from dsv4.numerics import swizzled_numel, unswizzle_scales
 
 from .registry import KernelFault, patched
@@ -28,18 +28,34 @@ CLEAN_COPY = "bugzoo-emulated-copy"
 
 
 class EpilogueBackend(emulated.EmulatedBackend):
-    """``emulated`` with its GEMM epilogue replaced by ``epilogue(alpha * acc, swiglu_limit)``."""
+    """``emulated`` with replaceable pieces, each the identity of a correct kernel by default:
+    ``epilogue(alpha * acc, swiglu_limit)``, ``weight_scales(linear scales) -> scales`` (what the kernel
+    reads for a weight operand), ``matmul(a, b) -> acc`` (the FP32 accumulation), ``rows(out) -> out``
+    (what is left of the grouped output) and ``act_scales(scale bytes) -> bytes`` (what the activation
+    quantizer writes)."""
 
-    def __init__(self, name: str, epilogue: Epilogue) -> None:
+    def __init__(self, name: str, epilogue: Epilogue, *, weight_scales: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 rows: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 act_scales: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         self.name = name
         self.epilogue = epilogue
+        self.weight_scales = weight_scales or (lambda s: s)
+        self.matmul = matmul or (lambda a, b: a @ b.T)
+        self.rows = rows or (lambda y: y)
+        self.act_scales = act_scales
+
+    def _weight(self, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        s = self.weight_scales(scales.view(torch.uint8)).contiguous().view(torch.float8_e4m3fn)
+        return emulated._block_dequant(packed, s, "linear")
 
     def gemm(self, req: GemmRequest) -> torch.Tensor:
         req.validate()
         a = emulated._block_dequant(req.a.packed, req.a.scales, req.a.scale_layout)
-        b = emulated._block_dequant(req.b.packed, req.b.scales, req.b.scale_layout)
+        bs = req.b.scales if req.b.scale_layout == "linear" else unswizzle_scales(req.b.scales, req.b.rows, req.b.k // 16)
+        b = self._weight(req.b.packed, bs)
         alpha = req.a.global_scale * req.b.global_scale
-        return self.epilogue((a @ b.T) * alpha, req.swiglu_limit)
+        return self.epilogue(self.matmul(a, b) * alpha, req.swiglu_limit)
 
     def grouped_gemm(self, req: GroupedGemmRequest, *, check_values: bool = True) -> torch.Tensor:
         req.validate(check_values=check_values)
@@ -57,9 +73,16 @@ class EpilogueBackend(emulated.EmulatedBackend):
                 scales = unswizzle_scales(req.b.scales[e * per_expert:(e + 1) * per_expert], n, sc)
             else:
                 scales = req.b.scales[e * n:(e + 1) * n]
-            b = emulated._block_dequant(packed, scales, "linear")
-            out[lo:hi] = self.epilogue((a[lo:hi] @ b.T) * req.alphas[e], req.swiglu_limit)
-        return out
+            b = self._weight(packed, scales)
+            out[lo:hi] = self.epilogue(self.matmul(a[lo:hi], b) * req.alphas[e], req.swiglu_limit)
+        return self.rows(out) if req.swiglu_limit is not None else out
+
+    def quantize_activation(self, req: ActQuantRequest, *, check_values: bool = True) -> FP4Operand:
+        op = super().quantize_activation(req, check_values=check_values)
+        if self.act_scales is None:
+            return op
+        s = self.act_scales(op.scales.view(torch.uint8)).contiguous().view(torch.float8_e4m3fn)
+        return FP4Operand(op.packed, s, op.global_scale, k=op.k, scale_layout=op.scale_layout)
 
 
 def unclamped_sigmoid_epilogue(y: torch.Tensor, swiglu_limit: float | None) -> torch.Tensor:
@@ -73,8 +96,46 @@ def unclamped_sigmoid_epilogue(y: torch.Tensor, swiglu_limit: float | None) -> t
     return (torch.clamp(g, max=swiglu_limit) * torch.sigmoid(g) * up).to(torch.bfloat16)
 
 
-def kernel_fault(name: str, epilogue: Epilogue) -> KernelFault:
-    return KernelFault(name, lambda device: EpilogueBackend(name, epilogue))
+def kernel_fault(name: str, epilogue: Epilogue = emulated._epilogue, **pieces: Any) -> KernelFault:
+    """A stand-in kernel backend with one piece replaced (see :class:`EpilogueBackend`)."""
+    return KernelFault(name, lambda device: EpilogueBackend(name, epilogue, **pieces))
+
+
+# ---- subtle kernel faults of the kind written outside the project (docs/bugzoo.md) -----------------
+def scale_from_neighbour(scales: torch.Tensor, every: int = 256) -> torch.Tensor:
+    """One weight scale in ``every`` (flat index ``i % every == every - 1``) read from its neighbour
+    ``i - 1``: an off-by-one in a scale-tile address."""
+    flat = scales.reshape(-1).clone()
+    idx = torch.arange(every - 1, flat.numel(), every, device=flat.device)
+    flat[idx] = flat[idx - 1]
+    return flat.reshape(scales.shape)
+
+
+def ktail_dropped(tile: int = 192) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """An FP32 accumulation over k-tiles of ``tile`` that never runs the last, partial tile when K is
+    not a multiple of it (a loop bound of ``K // tile`` instead of ``ceil(K / tile)``)."""
+    def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        k = a.shape[-1]
+        full = (k // tile) * tile if k > tile else k
+        return a[..., :full] @ b[..., :full].T
+    return matmul
+
+
+def tile_row_unwritten(y: torch.Tensor, tile_rows: int = 16) -> torch.Tensor:
+    """The last row of every ``tile_rows``-row output tile never stored (left zero): a predicate that
+    uses ``<`` one row too early."""
+    y = y.clone()
+    y[tile_rows - 1::tile_rows] = 0
+    return y
+
+
+def act_scale_bumped(scale_bytes: torch.Tensor, every: int = 64) -> torch.Tensor:
+    """One activation block scale in ``every`` written one E4M3 code too large (codes computed with
+    the right one): a rounding-mode slip in the scale store."""
+    flat = scale_bytes.reshape(-1).clone()
+    idx = torch.arange(every - 1, flat.numel(), every, device=flat.device)
+    flat[idx] = torch.where(flat[idx] < 0x7E, flat[idx] + 1, flat[idx])
+    return flat.reshape(scale_bytes.shape)
 
 
 CLEAN_KERNEL = kernel_fault(CLEAN_COPY, emulated._epilogue)
@@ -106,4 +167,5 @@ def swap_backend(model: object, kf: KernelFault) -> contextlib.AbstractContextMa
 
 
 __all__ = ["EpilogueBackend", "CLEAN_COPY", "CLEAN_KERNEL", "unclamped_sigmoid_epilogue", "kernel_fault",
+           "scale_from_neighbour", "ktail_dropped", "tile_row_unwritten", "act_scale_bumped",
            "installed", "swap_backend"]

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import tempfile
 import time
@@ -62,8 +63,9 @@ from dsv4.plan import PrecisionPlan
 from dsv4.prompts import holdout_prompt_path, load_prompt_set
 
 from ..env import code_version, device_name
+from ..errors import ParityInputError
 from ..inputs import EncodedPrompt, encode_prompts
-from ..records import COMPARE_MODES, json_safe, to_frame
+from ..records import COMPARE_MODES, decode_value, json_safe, to_frame
 from ..rules import RuleSet
 from ..runner import DefaultLoaders, ModelLoaders
 from ..source import CheckpointSource
@@ -73,6 +75,7 @@ from .backends import CLEAN_KERNEL, installed
 from .registry import Fault, FaultTargetError
 
 SCHEMA = "parity.bugzoo/1"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -214,6 +217,16 @@ def strongest_failure(judged: pd.DataFrame, pair: str) -> tuple[dict[str, Any] |
     return _judgement(best), len(fail)
 
 
+AUDIT_JUDGED = ("audit_violations",)
+
+
+def audit_bounds_missed(records: Sequence[Mapping[str, Any]], j: Mapping[str, Any]) -> float:
+    """The audit's worst |got - expected| / bound at the judged probe and prompt (information records)."""
+    vals = [decode_value(r["value"]) for r in records if r["metric"] == "audit_worst_ratio"
+            and r["probe"] == j["probe"] and r["prompt_id"] == j["prompt_id"]]
+    return max(vals, default=math.inf)
+
+
 def _divergence(d: Divergence | None) -> dict[str, Any] | None:
     if d is None:
         return None
@@ -256,9 +269,13 @@ def run_one(spec: ZooSpec, fault: Fault | None, *, loaders: ModelLoaders | None 
             backend = stack.enter_context(installed(kernel))
         try:
             result, verdict = _run(spec, fault, columns, modes, backend, loaders, stack, progress)
-        except FaultTargetError as e:
+        except (FaultTargetError, ParityInputError) as e:
             return ZooRow(fault, "", columns, modes, backend, [], False, False, None, 0, 0, None, None,
                           time.perf_counter() - t0, error=str(e)), []
+        except Exception as e:  # one row's failure never costs the other rows (they are kept and written)
+            log.warning("bug zoo row %s failed", fault.name if fault else "clean", exc_info=True)
+            return ZooRow(fault, "", columns, modes, backend, [], False, False, None, 0, 0, None, None,
+                          time.perf_counter() - t0, error=f"{type(e).__name__}: {e}"), []
     missing = {n: c.kernels_missing for n, c in result.columns.items()}
     ran = [c for c in ("logic", "floor", "bug_budget") if c in result.columns and result.columns[c].ran]
     alarmed = _alarmed(verdict, missing)
@@ -268,6 +285,9 @@ def run_one(spec: ZooSpec, fault: Fault | None, *, loaders: ModelLoaders | None 
     else:
         caught_by, n_fail = strongest_failure(verdict.judged, fault.column)
         div = _divergence(verdict.first_divergence.get(fault.column))
+        for j in (caught_by, div):     # an audit failure is "so many analytic bounds missed"
+            if j is not None and j["metric"] in AUDIT_JUDGED:
+                j["ratio"] = audit_bounds_missed(result.records, j)
         caught = fault.column in alarmed
         column_ok = alarmed == [fault.column]
         localized = div is not None and fault.localizes(div["layer"], div["component"])

@@ -52,7 +52,7 @@ def test_derive_rules_takes_the_worst_over_seeds_and_layers() -> None:
     kl = [r for r in rules if r["metric"] == "kl_mean"]
     assert kl[0]["value"] == pytest.approx(1.0) and kl[0]["profile"] == "bf16"
     assert {r["metric"] for r in rules if r["op"] == "=="} == {"hash_route_exact", "entry_count_match",
-                                                                "nonfinite_mismatch"}
+                                                                "nonfinite_mismatch", "shape_mismatch"}
 
 
 def test_generated_file_parses_and_judges_its_own_calibration_data() -> None:

@@ -6,7 +6,7 @@ import torch
 
 from parity.compare import ProbeMismatchError, Where, compare_probes
 from parity.records import to_frame
-from parity.rules import parse_rules
+from parity.rules import load_rules, parse_rules
 from parity.runner import run_isolated, run_propagated
 from parity.verdict import evaluate, probe_order_key
 
@@ -65,16 +65,21 @@ def test_selection_and_entry_records_are_written(tiny) -> None:
     assert df[(df["metric"] == "cosine") & df["probe"].str.endswith("topk_ids")].empty
 
 
-def test_missing_or_reshaped_probe_is_an_error(tiny) -> None:
+def test_missing_probe_is_an_error_and_a_reshaped_one_a_failed_judgement(tiny) -> None:
     ids = torch.arange(30) % tiny.config.vocab_size
     a = run_propagated(FakeModel(tiny.config, tiny.fingerprint), ids).probes
     w = Where(ctx(), "floor", "propagated", "p1", "chat")
     missing = {k: v for k, v in a.items() if k != "layers.2.attn.q"}
     with pytest.raises(ProbeMismatchError, match="layers.2.attn.q"):
         compare_probes(a, missing, where=w, config=tiny.config, ids=ids)
-    reshaped = dict(a, **{"layers.0.attn.kv": a["layers.0.attn.kv"][:, :64]})
-    with pytest.raises(ProbeMismatchError, match="shapes differ"):
-        compare_probes(a, reshaped, where=w, config=tiny.config, ids=ids)
+    reshaped = dict(a, **{"layers.0.attn.kv": a["layers.0.attn.kv"][:, :64],
+                          "layers.1.attn.indexer.topk": a["layers.1.attn.indexer.topk"][:, :-1]})
+    recs, _ = compare_probes(a, reshaped, where=w, config=tiny.config, ids=ids)
+    bad = {(r["probe"], r["value"]) for r in recs if r["metric"] == "shape_mismatch"}
+    assert bad == {("layers.0.attn.kv", 1.0), ("layers.1.attn.indexer.topk", 1.0)}
+    judged = evaluate(to_frame(recs), load_rules(), divergence_mode="propagated")
+    assert not judged.passed and judged.first_divergence["floor"].probe == "layers.0.attn.kv"
+    assert any(o.rule.metric == "shape_mismatch" and o.failed == 2 for o in judged.failed_rules)
 
 
 def test_entry_count_mismatch_is_recorded_not_raised(tiny) -> None:

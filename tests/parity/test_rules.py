@@ -77,6 +77,6 @@ def test_default_thresholds_file_documents_its_method() -> None:
     pairs = {r.pair for r in rs.rules}
     assert {"logic", "floor", "bug_budget"} <= pairs
     assert {r.metric for r in rs.rules if r.op == "=="} == {"hash_route_exact", "entry_count_match",
-                                                             "nonfinite_mismatch"}
+                                                             "nonfinite_mismatch", "shape_mismatch"}
     # every logic-pair per-probe rule is an isolated one (propagated logic flips are not judged)
     assert all(r.compare_mode == "isolated" for r in rs.rules if r.pair == "logic" and r.probe != "^logits$")

@@ -15,6 +15,17 @@ from parity.runner import DefaultLoaders
 # Machine-to-machine float noise (another CPU's BF16 kernels) can flip a near tie and move a worst
 # value; a stale file moved them by 1.5-4.5x.
 TOLERANCE = 0.25
+# The logic pair's propagated logits rules are dominated by near-tie expert / indexer flips spreading
+# through attention (parity/calibrate.py), and which ties flip depends on the CPU's BF16 kernels: two
+# machine types of this workplace gave worst values 1.5-4.5x apart (kl_mean 7.2e-4 vs 4.7e-4, kl_p99
+# 9.7e-3 vs 2.2e-3; 2026-12-02 / 2026-12-03). The shipped file holds the larger of the two; on the
+# other machine a fresh calibration is lower by up to that factor. Such a rule is stale only if a fresh
+# calibration needs it looser (a false alarm) or is lower by more than machine noise explains.
+FLIP_DOMINATED_SPREAD = 5.0
+
+
+def _flip_dominated(key: tuple) -> bool:
+    return key[3] == "logic" and key[4] == "propagated" and key[0] == "^logits$"
 
 
 def _key(r) -> tuple:
@@ -55,6 +66,11 @@ def test_default_thresholds_match_a_fresh_calibration() -> None:
         if k not in want:
             continue
         a, b = _allowed_error(k[2], v), _allowed_error(k[2], want[k])
+        if _flip_dominated(k):
+            if b > a * (1 + TOLERANCE) or b < a / FLIP_DOMINATED_SPREAD:
+                stale.append(f"{k[0]} {k[1]} {k[3]}/{k[4]}/{k[5]}: shipped {v:.6g}, fresh {want[k]:.6g} "
+                             f"(flip-dominated: allowed fresh in [shipped / {FLIP_DOMINATED_SPREAD:g}, shipped])")
+            continue
         if abs(a - b) > TOLERANCE * max(abs(a), abs(b), 1e-12):
             stale.append(f"{k[0]} {k[1]} {k[3]}/{k[4]}/{k[5]}: shipped {v:.6g}, fresh {want[k]:.6g}")
     assert not stale, (f"{len(stale)} thresholds are stale; re-run `python -m parity.calibrate`:\n"

@@ -1,0 +1,231 @@
+"""One kernel call replayed through the oracle and judged element by element against its bound.
+
+``audit_request(op, request, output)`` -> :class:`CallCheck`: how many elements broke their bound,
+the worst ratio |got - expected| / bound over every element (information: a clean call is <= 1), and
+the first few violating elements with their coordinates. The oracle is :mod:`dsv4.numerics` (the
+functions the ``emulated`` backend is built on); bounds are :mod:`parity.audit.bounds`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dsv4.kernels.contract import ActQuantRequest, FP4Operand, GemmRequest, GroupedGemmRequest
+from dsv4.numerics import (e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode, nvfp4_dequantize, nvfp4_quantize,
+                           nvfp4_runtime_global_scale, swizzled_numel, unpack_nibbles, unswizzle_scales)
+
+from .bounds import U32, accumulation_bound, half_ulp_bf16, monotone_interval, rmsnorm_delta, swiglu_bound
+
+OPS = ("gemm", "grouped_gemm", "quantize_activation")
+MAX_EXAMPLES = 5
+
+
+@dataclass
+class Element:
+    """One violating element: ``where`` names it (e.g. ``out[3, 17]``, ``scales[0, 2]``, ``global_scale``)."""
+
+    where: str
+    expected: float
+    got: float
+    bound: float
+
+    @property
+    def ratio(self) -> float:
+        err = abs(self.got - self.expected)
+        if err != err:      # NaN on one side only
+            return float("inf")
+        return err / self.bound if self.bound > 0 else float("inf")
+
+    def describe(self) -> str:
+        r = self.ratio
+        miss = "exact match required" if self.bound == 0 else f"{r:.3g} bounds"
+        return f"{self.where}: expected {self.expected:.8g}, got {self.got:.8g} ({miss})"
+
+
+@dataclass
+class CallCheck:
+    op: str
+    elements: int = 0
+    violations: int = 0
+    worst_ratio: float = 0.0
+    examples: list[Element] = field(default_factory=list)
+
+    def add(self, where: list[str], expected: torch.Tensor, got: torch.Tensor, bound: torch.Tensor,
+            bad: torch.Tensor, ratio: torch.Tensor) -> None:
+        self.elements += int(bad.numel())
+        n_bad = int(bad.sum())
+        self.violations += n_bad
+        finite = ratio[torch.isfinite(ratio)]
+        if finite.numel():
+            self.worst_ratio = max(self.worst_ratio, float(finite.max()))
+        if n_bad and bool(torch.isinf(ratio[bad]).any()):
+            self.worst_ratio = float("inf")
+        for idx in bad.nonzero()[: max(0, MAX_EXAMPLES - len(self.examples))].tolist():
+            t = tuple(idx)
+            self.examples.append(Element(_where(where, t), float(expected[t]), float(got[t]), float(bound[t])))
+
+    @property
+    def passed(self) -> bool:
+        return self.violations == 0
+
+
+def _where(names: list[str], idx: tuple[int, ...]) -> str:
+    head, *labels = names
+    coords = ", ".join(f"{lab}{i}" if lab else str(i) for lab, i in zip(labels or [""] * len(idx), idx))
+    return f"{head}[{coords}]"
+
+
+def _compare(check: CallCheck, where: list[str], expected: torch.Tensor, got: torch.Tensor,
+             bound: torch.Tensor) -> None:
+    e, g, b = expected.to(torch.float64), got.to(torch.float64), bound.to(torch.float64)
+    err = (g - e).abs()
+    both_nan = torch.isnan(e) & torch.isnan(g)
+    same_inf = torch.isinf(e) & torch.isinf(g) & (torch.sign(e) == torch.sign(g))
+    ok = both_nan | same_inf | (err <= b)
+    ratio = torch.where(b > 0, err / b.clamp(min=1e-300), torch.where(err > 0, float("inf"), 0.0))
+    ratio = torch.where(both_nan | same_inf, torch.zeros_like(ratio), torch.nan_to_num(ratio, nan=float("inf")))
+    check.add(where, e, g, b, ~ok, ratio)
+
+
+# ---- GEMM ------------------------------------------------------------------------------------------
+def _linear_scales(op: FP4Operand, rows: int | None = None, groups: int = 1) -> torch.Tensor:
+    """Scales ``[rows, K/16]`` in the linear layout (swizzled operands unswizzled, per group)."""
+    if op.scale_layout == "linear":
+        return op.scales
+    rows = op.rows if rows is None else rows
+    per, sc = rows // groups, op.k // 16
+    n = swizzled_numel(per, sc)
+    return torch.cat([unswizzle_scales(op.scales[g * n:(g + 1) * n], per, sc) for g in range(groups)])
+
+
+def _dequant(op: FP4Operand, groups: int = 1) -> torch.Tensor:
+    return nvfp4_dequantize(op.packed, _linear_scales(op, groups=groups), 1.0)
+
+
+def _gemm_expected(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, k: int, swiglu_limit: float | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    acc = a @ b.T
+    s = a.abs() @ b.abs().T
+    al = alpha.to(torch.float32)
+    pre = acc * al
+    err = accumulation_bound(k, s) * al.abs().to(torch.float64) + 2 * U32 * pre.abs().to(torch.float64)
+    if swiglu_limit is None:
+        out, bound = pre.to(torch.float64), err
+    else:
+        out, bound = swiglu_bound(pre, err, float(swiglu_limit))
+    return out, bound + half_ulp_bf16(out.abs() + bound)
+
+
+def audit_gemm(req: GemmRequest, got: torch.Tensor) -> CallCheck:
+    check = CallCheck("gemm")
+    if tuple(got.shape) != req.out_shape:
+        check.add(["out.shape"], torch.tensor([float(req.out_shape[1])]), torch.tensor([float(got.shape[-1])]),
+                  torch.zeros(1), torch.ones(1, dtype=torch.bool), torch.full((1,), float("inf")))
+        return check
+    alpha = req.a.global_scale * req.b.global_scale
+    out, bound = _gemm_expected(_dequant(req.a), _dequant(req.b), alpha, req.a.k, req.swiglu_limit)
+    _compare(check, ["out", "m=", "n="], out, got, bound)
+    return check
+
+
+def audit_grouped(req: GroupedGemmRequest, got: torch.Tensor) -> CallCheck:
+    check = CallCheck("grouped_gemm")
+    if tuple(got.shape) != req.out_shape:
+        check.add(["out.shape"], torch.tensor([float(req.out_shape[1])]), torch.tensor([float(got.shape[-1])]),
+                  torch.zeros(1), torch.ones(1, dtype=torch.bool), torch.full((1,), float("inf")))
+        return check
+    a = _dequant(req.a)
+    n = req.n_per_expert
+    b_all = nvfp4_dequantize(req.b.packed, _linear_scales(req.b, groups=req.num_experts), 1.0)
+    offsets = req.offsets.to("cpu").tolist()
+    for e in range(req.num_experts):
+        lo, hi = offsets[e], offsets[e + 1]
+        if lo == hi:
+            continue
+        out, bound = _gemm_expected(a[lo:hi], b_all[e * n:(e + 1) * n], req.alphas[e], req.a.k, req.swiglu_limit)
+        _compare(check, [f"out(expert {e}, rows {lo}..{hi - 1})", "m=", "n="], out, got[lo:hi], bound)
+    return check
+
+
+# ---- activation quantization ------------------------------------------------------------------------
+def _normalized(req: ActQuantRequest) -> torch.Tensor:
+    x = req.x.to(torch.float32)
+    if req.rms_weight is None:
+        return x
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + req.rms_eps) * req.rms_weight.to(torch.float32)
+
+
+def _e4m3_round(v: torch.Tensor) -> torch.Tensor:
+    return e4m3_decode(e4m3_encode(v.clamp(max=448.0)))
+
+
+def _e2m1_round(v: torch.Tensor) -> torch.Tensor:
+    return e2m1_decode(e2m1_encode(v))
+
+
+def audit_quant(req: ActQuantRequest, got: FP4Operand) -> CallCheck:
+    """Judged step by step on the kernel's own earlier results: its global scale, then its block scales
+    given that global scale, then its codes given those scales (so one flipped scale is one violation,
+    not sixteen)."""
+    check = CallCheck("quantize_activation")
+    y = _normalized(req)
+    m, k = y.shape
+    if got.k != k or tuple(got.packed.shape) != (m, k // 2):
+        check.add(["codes.shape"], torch.tensor([float(k)]), torch.tensor([float(got.k)]), torch.zeros(1),
+                  torch.ones(1, dtype=torch.bool), torch.full((1,), float("inf")))
+        return check
+    delta = 0.0 if req.rms_weight is None else rmsnorm_delta(k) + 2 * U32
+    g_k = got.global_scale.to(torch.float32).reshape(())
+    if req.global_scale is not None:
+        g_o = req.global_scale.to(torch.float32).reshape(())
+        _compare(check, ["global_scale"], g_o.reshape(1), g_k.reshape(1), torch.zeros(1))
+    else:
+        g_o = nvfp4_runtime_global_scale(y)
+        _compare(check, ["global_scale"], g_o.reshape(1), g_k.reshape(1), (delta * g_o.abs()).reshape(1))
+    if not bool(torch.isfinite(g_k)) or float(g_k) <= 0:
+        return check          # nothing below can be judged on a broken global scale
+    s_k = e4m3_decode(_linear_scales(got, rows=m).reshape(m, k // 16))
+    codes_k = e2m1_decode(unpack_nibbles(got.packed)).reshape(m, k)
+    if delta == 0:
+        _, s_o_t, _ = nvfp4_quantize(y, g_k, recipe=req.recipe)
+        _compare(check, ["scales", "row ", "block "], e4m3_decode(s_o_t), s_k, torch.zeros_like(s_k))
+        p_o, _, _ = nvfp4_quantize(y, g_k, block_scale=_linear_scales(got, rows=m).reshape(m, k // 16),
+                                   recipe=req.recipe)
+        codes_o = e2m1_decode(unpack_nibbles(p_o)).reshape(m, k)
+        _compare(check, ["codes", "row ", "k "], codes_o, codes_k, torch.zeros_like(codes_k))
+        return check
+    blocks = y.reshape(m, k // 16, 16)
+    sf = blocks.abs().amax(dim=-1) / (g_k * 6.0)
+    lo, hi = monotone_interval(sf, delta, _e4m3_round)
+    _interval(check, ["scales", "row ", "block "], e4m3_decode(e4m3_encode(sf.clamp(max=448.0))), s_k, lo, hi)
+    denom = (s_k * g_k).unsqueeze(-1)
+    v = (blocks / denom).reshape(m, k)
+    lo, hi = monotone_interval(v, delta, _e2m1_round)
+    zero = (s_k == 0).repeat_interleave(16, dim=1)
+    lo, hi = torch.where(zero, 0.0, lo), torch.where(zero, 0.0, hi)
+    _interval(check, ["codes", "row ", "k "], torch.where(zero, 0.0, _e2m1_round(v)), codes_k, lo, hi)
+    return check
+
+
+def _interval(check: CallCheck, where: list[str], expected: torch.Tensor, got: torch.Tensor, lo: torch.Tensor,
+              hi: torch.Tensor) -> None:
+    """``got`` must lie in ``[lo, hi]`` (the values a boundary-near pre-rounding value may round to)."""
+    nan = torch.isnan(expected) & torch.isnan(got)
+    ok = nan | ((got >= lo) & (got <= hi))
+    width = (hi - lo).abs().to(torch.float64)
+    err = (got - expected).abs().to(torch.float64)
+    ratio = torch.where(ok, torch.where(width > 0, err / width.clamp(min=1e-300), 0.0), float("inf"))
+    check.add(where, expected.to(torch.float64), got.to(torch.float64), width, ~ok, ratio)
+
+
+def audit_request(op: str, request: Any, output: Any) -> CallCheck:
+    """Dispatch on the op name of a :class:`dsv4.layers.dispatch.KernelCall`."""
+    if op == "gemm":
+        return audit_gemm(request, output)
+    if op == "grouped_gemm":
+        return audit_grouped(request, output)
+    if op == "quantize_activation":
+        return audit_quant(request, output)
+    raise ValueError(f"audit: op expected one of {OPS}, found {op!r}")

@@ -1,0 +1,194 @@
+"""Weight audit: what a backend's kernel actually reads for every NVFP4 weight the model serves, obtained
+through the kernel itself and compared exactly with the reference's own dequantization of the same
+stored tensors (``reference.dequant``, a decoder independent of ``dsv4.numerics``).
+
+The kernel's view comes from GEMMs against an identity activation, which NVFP4 represents exactly
+(code 1.0, block scale 1.0, global scale 1.0): ``y = I @ W^T`` is ``W^T`` itself. Two passes:
+
+1. weight global scale replaced by 1.0: the output is ``e2m1 * e4m3`` (<= 6 significant bits, exact in
+   BF16), so nibble order, the scale layout / swizzle, the scale grid and out-of-bounds scale reads show
+   as exact mismatches;
+2. the stored global scale: ``bf16(fp32(e2m1 * e4m3 * g))`` must match bit for bit (one FP32 rounding
+   and one BF16 cast on both sides), which catches a wrong or missing global scale / alpha.
+
+The identity is fed in chunks of rows (and experts), so memory stays at one chunk of output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from dsv4.checkpoint.formats import NVFP4, StoredWeight, WeightFormat
+from dsv4.kernels.contract import FP4Operand, GemmRequest, GroupedGemmRequest
+from dsv4.layers.grouped_linear import Fp4GroupedLinear
+from dsv4.layers.linear import Fp4Linear
+from dsv4.numerics import swizzled_numel, unswizzle_scales
+from reference.dequant import dequant_nvfp4
+
+CHUNK_ROWS = 1024
+_E2M1_ONE = 2          # code of +1.0
+_E4M3_ONE = 0x38       # byte of 1.0
+MAX_EXAMPLES = 5
+
+
+@dataclass
+class WeightMismatch:
+    module: str
+    component: str
+    expert: int | None
+    passname: str       # "codes*scales" (global 1.0) or "with global scale"
+    mismatches: int
+    elements: int
+    examples: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        e = f" expert {self.expert}" if self.expert is not None else ""
+        return (f"{self.module}{e} [{self.component}] {self.passname}: {self.mismatches} of {self.elements} "
+                f"weights differ from the reference's dequantization; first {', '.join(self.examples[:2])}")
+
+
+@dataclass
+class WeightAudit:
+    backend: str
+    modules: int = 0
+    weights: int = 0
+    mismatches: list[WeightMismatch] = field(default_factory=list)
+    audited: list[tuple[str, str]] = field(default_factory=list)     # (module, component)
+
+    @property
+    def passed(self) -> bool:
+        return not self.mismatches
+
+    def summary(self) -> dict[str, Any]:
+        return {"backend": self.backend, "modules": self.modules, "weights": self.weights,
+                "mismatching": [m.__dict__ for m in self.mismatches]}
+
+
+def weight_records(wa: WeightAudit, ctx: Any, pair: str, prompt_mode: str) -> list[dict[str, Any]]:
+    """``weight_mismatches`` per component probe (0 for every component audited clean), run-level."""
+    from ..records import ALL_PROMPTS, AUDIT_MODE
+    from .auditor import probe_for
+
+    counts: dict[str, int] = {probe_for(m, c): 0 for m, c in wa.audited}
+    for mm in wa.mismatches:
+        counts[probe_for(mm.module, mm.component)] += mm.mismatches
+    return [ctx.record(prompt_id=ALL_PROMPTS, prompt_mode=prompt_mode, pair=pair, compare_mode=AUDIT_MODE,
+                       probe=probe, metric="weight_mismatches", value=v) for probe, v in counts.items()]
+
+
+def fp4_modules(model: Any) -> list[Fp4Linear | Fp4GroupedLinear]:
+    """Every NVFP4 linear the model computes with, in model order (found by walking its objects)."""
+    found: list[Any] = []
+    seen: set[int] = set()
+
+    def walk(obj: Any, depth: int) -> None:
+        if id(obj) in seen or depth > 8:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, (Fp4Linear, Fp4GroupedLinear)):
+            found.append(obj)
+            return
+        if isinstance(obj, (list, tuple)):
+            for x in obj:
+                walk(x, depth + 1)
+        elif isinstance(obj, dict):
+            for x in obj.values():
+                walk(x, depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, (torch.Tensor, type)):
+            for x in vars(obj).values():
+                walk(x, depth + 1)
+
+    walk(getattr(model, "blocks", []), 0)      # the native model's layers, then its head
+    walk(getattr(model, "head_module", None), 0)
+    return found
+
+
+def identity_operand(rows: range, k: int, device: torch.device) -> FP4Operand:
+    """Rows ``rows`` of the K x K identity in NVFP4 (exact): code 1.0 on the diagonal, scales 1.0, g 1.0."""
+    n = len(rows)
+    codes = torch.zeros(n, k, dtype=torch.uint8, device=device)
+    codes[torch.arange(n, device=device), torch.tensor(list(rows), device=device)] = _E2M1_ONE
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).contiguous()
+    scales = torch.full((n, k // 16), _E4M3_ONE, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    return FP4Operand(packed, scales, torch.ones((), dtype=torch.float32, device=device), k=k)
+
+
+def _reference_view(packed: torch.Tensor, scales: torch.Tensor, g: torch.Tensor, k: int) -> torch.Tensor:
+    n = int(packed.shape[0])
+    sw = StoredWeight({"weight": packed, "weight_scale": scales, "weight_scale_2": g.reshape(())},
+                      WeightFormat(NVFP4, (n, k), "U8", (1, 16), "F8_E4M3"))
+    return dequant_nvfp4(sw)
+
+
+def _linear_scales(scales: torch.Tensor, layout: str, rows: int, k: int) -> torch.Tensor:
+    return scales if layout == "linear" else unswizzle_scales(scales, rows, k // 16)
+
+
+def _experts(mod: Any) -> Iterator[tuple[int | None, FP4Operand]]:
+    op = mod.weight_operand()
+    if isinstance(mod, Fp4Linear):
+        yield None, op
+        return
+    n, sc = mod.n_per_group, op.k // 16
+    per = swizzled_numel(n, sc) if op.scale_layout == "swizzled" else n
+    for e in range(mod.groups):
+        scales = op.scales[e * per:(e + 1) * per]
+        yield e, FP4Operand(op.packed[e * n:(e + 1) * n], scales, op.global_scale[e], k=op.k,
+                            scale_layout=op.scale_layout)
+
+
+def _kernel_view(backend: Any, w: FP4Operand, grouped: bool, rows: range) -> torch.Tensor:
+    """``I[rows] @ W^T`` through the backend's own GEMM (grouped GEMM for an expert bank)."""
+    a = identity_operand(rows, w.k, w.device)
+    if not grouped:
+        return backend.gemm(GemmRequest(a, w))
+    one = torch.ones(1, dtype=torch.float32, device=w.device)
+    offsets = torch.tensor([0, len(rows)], dtype=torch.int32, device=w.device)
+    b = FP4Operand(w.packed, w.scales, w.global_scale.reshape(1), k=w.k, scale_layout=w.scale_layout)
+    return backend.grouped_gemm(GroupedGemmRequest(a, b, offsets, one * b.global_scale))
+
+
+def _compare(got: torch.Tensor, want: torch.Tensor, k0: int) -> tuple[int, list[str]]:
+    g, w = got.to(torch.float32), want.to(torch.float32)
+    same = (g == w) | (torch.isnan(g) & torch.isnan(w))
+    bad = (~same).nonzero()
+    ex = [f"W[{int(n)}, {int(k) + k0}]: expected {float(w[k, n]):.6g}, got {float(g[k, n]):.6g}"
+          for k, n in bad[:MAX_EXAMPLES].tolist()]
+    return int(bad.shape[0]), ex
+
+
+def audit_weights(model: Any, backend: Any | None = None, *, chunk_rows: int = CHUNK_ROWS,
+                  progress: Callable[[int, int], None] | None = None) -> WeightAudit:
+    """Audit every NVFP4 weight of ``model`` through ``backend`` (default: each module's own dispatcher's)."""
+    mods = fp4_modules(model)
+    result = WeightAudit(backend=getattr(backend, "name", "") or ",".join(sorted(set(m.dispatcher.name for m in mods))))
+    for i, mod in enumerate(mods):
+        be = backend or mod.dispatcher.backend
+        result.modules += 1
+        result.audited.append((mod.name, mod.component))
+        grouped = isinstance(mod, Fp4GroupedLinear)
+        for expert, w in _experts(mod):
+            n, k = w.rows, w.k
+            scales = _linear_scales(w.scales, w.scale_layout, n, k)
+            g1 = torch.ones((), dtype=torch.float32, device=w.device)
+            passes = (("codes*scales (global 1.0)", FP4Operand(w.packed, w.scales, g1, k=k, scale_layout=w.scale_layout)),
+                      ("with global scale", w))
+            result.weights += n * k
+            for passname, op in passes:
+                want_all = _reference_view(w.packed, scales, op.global_scale.to(torch.float32), k).T  # [K, N]
+                bad, examples = 0, []
+                for k0 in range(0, k, chunk_rows):
+                    rows = range(k0, min(k, k0 + chunk_rows))
+                    got = _kernel_view(be, op, grouped, rows)
+                    want = want_all[k0:rows.stop].to(torch.bfloat16)
+                    nb, ex = _compare(got, want, k0)
+                    bad += nb
+                    examples += ex[: MAX_EXAMPLES - len(examples)]
+                if bad:
+                    result.mismatches.append(WeightMismatch(mod.name, mod.component, expert, passname, bad, n * k,
+                                                            examples))
+        if progress:
+            progress(i + 1, len(mods))
+    return result

@@ -1,0 +1,112 @@
+"""The per-call audit against the oracle's analytic bound: clean calls from any correct accumulation
+order pass with no violation; a single wrong element, code or scale is a violation naming its place."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsv4.kernels.contract import ActQuantRequest, FP4Operand, GemmRequest, GroupedGemmRequest
+from dsv4.kernels.emulated import EmulatedBackend
+from dsv4.numerics import nvfp4_dequantize, nvfp4_quantize
+from parity.audit.bounds import gamma, half_ulp_bf16
+from parity.audit.calls import audit_gemm, audit_grouped, audit_quant
+
+BE = EmulatedBackend()
+
+
+def _weight(n: int, k: int, seed: int) -> FP4Operand:
+    g = torch.Generator().manual_seed(seed)
+    p, s, gs = nvfp4_quantize(torch.randn(n, k, generator=g))
+    return FP4Operand(p, s, gs, k=k)
+
+
+def _act(m: int, k: int, seed: int, rms: bool = False) -> tuple[ActQuantRequest, FP4Operand]:
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(m, k, generator=g) * 3).to(torch.bfloat16)
+    w = torch.rand(k, generator=g) + 0.5 if rms else None
+    req = ActQuantRequest(x, None, rms_weight=w)
+    return req, BE.quantize_activation(req)
+
+
+def _fp64_order(req: GemmRequest) -> torch.Tensor:
+    """A correct kernel with another accumulation order: float64 sums, then FP32 alpha, BF16 out."""
+    a = nvfp4_dequantize(req.a.packed, req.a.scales, 1.0).double()
+    b = nvfp4_dequantize(req.b.packed, req.b.scales, 1.0).double()
+    pre = (a @ b.T).float() * (req.a.global_scale * req.b.global_scale)
+    if req.swiglu_limit is not None:
+        n = pre.shape[1] // 2
+        lim = req.swiglu_limit
+        pre = torch.nn.functional.silu(pre[:, :n].clamp(max=lim)) * pre[:, n:].clamp(-lim, lim)
+    return pre.to(torch.bfloat16)
+
+
+def test_bound_helpers() -> None:
+    assert gamma(1, 2.0 ** -23) == pytest.approx(2.0 ** -23, rel=1e-6)
+    h = half_ulp_bf16(torch.tensor([1.0, 1.5, 2.0, 0.0, 3e-39]))
+    assert h.tolist()[:4] == [2.0 ** -8, 2.0 ** -8, 2.0 ** -7, 0.0] and h[4] == 2.0 ** -134
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("swiglu", [None, 2.0])
+@pytest.mark.parametrize("rms", [False, True])
+def test_clean_gemm_from_two_accumulation_orders_has_no_violation(seed: int, swiglu: float | None, rms: bool) -> None:
+    req_a, a = _act(9, 320, seed, rms)
+    req = GemmRequest(a, _weight(96, 320, seed + 10), swiglu)
+    for got in (BE.gemm(req), _fp64_order(req)):
+        c = audit_gemm(req, got)
+        assert c.violations == 0 and c.worst_ratio <= 1.0, c.examples
+    assert audit_quant(req_a, a).violations == 0
+
+
+def test_one_wrong_output_element_is_named() -> None:
+    _, a = _act(5, 256, 3)
+    req = GemmRequest(a, _weight(64, 256, 4))
+    got = BE.gemm(req).clone()
+    # a per-element bound: an element whose value cancels (small vs sum |a b|) is allowed more, so the
+    # fault goes on a large one: 2 % of it is several bounds (half a BF16 ulp dominates there)
+    m, n = divmod(int(got.float().abs().argmax()), got.shape[1])
+    got[m, n] = got[m, n] * 1.02
+    c = audit_gemm(req, got)
+    assert c.violations == 1 and c.examples[0].where == f"out[m={m}, n={n}]" and c.examples[0].ratio > 4
+
+
+def test_grouped_clean_and_faulty() -> None:
+    req_a, a = _act(12, 128, 5)
+    e, n = 3, 32
+    w = _weight(e * n, 128, 6)
+    b = FP4Operand(w.packed, w.scales, w.global_scale.repeat(e).contiguous() * torch.tensor([1.0, 0.5, 2.0]), k=128)
+    offsets = torch.tensor([0, 5, 5, 12], dtype=torch.int32)
+    req = GroupedGemmRequest(a, b, offsets, a.global_scale * b.global_scale, 2.0)
+    got = BE.grouped_gemm(req)
+    assert audit_grouped(req, got).violations == 0
+    bad = got.clone()
+    bad[7] = 0            # a row of expert 2 never written
+    c = audit_grouped(req, bad)
+    assert c.violations > 0 and c.examples[0].where.startswith("out(expert 2, rows 5..11)[m=2,")
+
+
+def test_quant_code_scale_and_global_faults_are_violations() -> None:
+    req, a = _act(4, 64, 7)
+    codes = a.packed.clone()
+    codes[1, 3] ^= 0x01                       # one nibble (element 6 of row 1) off by one code
+    c = audit_quant(req, FP4Operand(codes, a.scales, a.global_scale, k=64))
+    assert c.violations == 1 and c.examples[0].where == "codes[row 1, k 6]"
+    sc = a.scales.view(torch.uint8).clone()
+    sc[2, 1] += 1                              # one block scale one code too large
+    c = audit_quant(req, FP4Operand(a.packed, sc.view(torch.float8_e4m3fn), a.global_scale, k=64))
+    assert c.examples[0].where == "scales[row 2, block 1]"
+    c = audit_quant(req, FP4Operand(a.packed, a.scales, a.global_scale * 1.5, k=64))
+    assert c.examples[0].where == "global_scale[0]"
+
+
+def test_fused_rmsnorm_allows_only_boundary_near_flips() -> None:
+    """A kernel normalizing in float64 may flip a code only where the oracle's pre-rounding value is
+    within the RMSNorm bound of a rounding boundary: the interval check accepts it, a far flip fails."""
+    req, a = _act(16, 512, 8, rms=True)
+    x = req.x.double()
+    y = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + req.rms_eps) * req.rms_weight.double()).float()
+    p, s, g = nvfp4_quantize(y)
+    assert audit_quant(req, FP4Operand(p, s, g, k=512)).violations == 0
+    far = p.clone()
+    far[0, 0] ^= 0x03
+    assert audit_quant(req, FP4Operand(far, s, g, k=512)).violations >= 1
