@@ -169,7 +169,16 @@ def columns_table(console: Console, columns: Mapping[str, ColumnResult], verdict
         if col.kernels_missing:
             line.append(f"; kernels not run: {col.kernels_missing[0][:160]}", style="red")
         d = verdict.first_divergence.get(name)
-        line.append(f"; first divergence (isolated): {d.describe() if d else 'none'}")
+        if col.audit:
+            a, w = col.audit, col.weight_audit
+            line.append(f"; kernel audit: {a['calls']} calls, {a['violating_calls']} violating, worst "
+                        f"{a['worst_ratio']:.3g} bounds; weights: {w.get('modules', 0)} modules, "
+                        f"{len(w.get('mismatching', []))} mismatching")
+            line.append(f"; first violation: {d.describe() if d else 'none'}")
+            if a["violating_calls"]:
+                line.append("; repro files: python -m parity.audit run --backend ...", style="dim")
+        else:
+            line.append(f"; first divergence (isolated): {d.describe() if d else 'none'}")
         console.print(line)
 
 

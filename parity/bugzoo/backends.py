@@ -31,19 +31,21 @@ class EpilogueBackend(emulated.EmulatedBackend):
     """``emulated`` with replaceable pieces, each the identity of a correct kernel by default:
     ``epilogue(alpha * acc, swiglu_limit)``, ``weight_scales(linear scales) -> scales`` (what the kernel
     reads for a weight operand), ``matmul(a, b) -> acc`` (the FP32 accumulation), ``rows(out) -> out``
-    (what is left of the grouped output) and ``act_scales(scale bytes) -> bytes`` (what the activation
-    quantizer writes)."""
+    (what is left of the grouped output), ``act_scales(scale bytes) -> bytes`` (what the activation
+    quantizer writes) and ``alpha_of(expert, count) -> index`` (whose alpha a grouped GEMM applies)."""
 
     def __init__(self, name: str, epilogue: Epilogue, *, weight_scales: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  rows: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 act_scales: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 act_scales: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 alpha_of: Callable[[int, int], int] | None = None) -> None:
         self.name = name
         self.epilogue = epilogue
         self.weight_scales = weight_scales or (lambda s: s)
         self.matmul = matmul or (lambda a, b: a @ b.T)
         self.rows = rows or (lambda y: y)
         self.act_scales = act_scales
+        self.alpha_of = alpha_of or (lambda e, count: e)
 
     def _weight(self, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         s = self.weight_scales(scales.view(torch.uint8)).contiguous().view(torch.float8_e4m3fn)
@@ -74,7 +76,8 @@ class EpilogueBackend(emulated.EmulatedBackend):
             else:
                 scales = req.b.scales[e * n:(e + 1) * n]
             b = self._weight(packed, scales)
-            out[lo:hi] = self.epilogue(self.matmul(a[lo:hi], b) * req.alphas[e], req.swiglu_limit)
+            alpha = req.alphas[self.alpha_of(e, req.num_experts)]
+            out[lo:hi] = self.epilogue(self.matmul(a[lo:hi], b) * alpha, req.swiglu_limit)
         return self.rows(out) if req.swiglu_limit is not None else out
 
     def quantize_activation(self, req: ActQuantRequest, *, check_values: bool = True) -> FP4Operand:
@@ -129,6 +132,12 @@ def tile_row_unwritten(y: torch.Tensor, tile_rows: int = 16) -> torch.Tensor:
     return y
 
 
+def alpha_of_next_expert(e: int, count: int) -> int:
+    """A grouped GEMM applying expert e+1's alpha (global scale) to expert e: a per-group pointer
+    advanced once too often."""
+    return (e + 1) % count
+
+
 def act_scale_bumped(scale_bytes: torch.Tensor, every: int = 64) -> torch.Tensor:
     """One activation block scale in ``every`` written one E4M3 code too large (codes computed with
     the right one): a rounding-mode slip in the scale store."""
@@ -167,5 +176,5 @@ def swap_backend(model: object, kf: KernelFault) -> contextlib.AbstractContextMa
 
 
 __all__ = ["EpilogueBackend", "CLEAN_COPY", "CLEAN_KERNEL", "unclamped_sigmoid_epilogue", "kernel_fault",
-           "scale_from_neighbour", "ktail_dropped", "tile_row_unwritten", "act_scale_bumped",
+           "scale_from_neighbour", "ktail_dropped", "tile_row_unwritten", "act_scale_bumped", "alpha_of_next_expert",
            "installed", "swap_backend"]

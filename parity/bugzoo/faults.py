@@ -313,3 +313,4 @@ def hash_routing_ignored(model: Any) -> Iterator[None]:
         yield
 
 from . import kernel_faults  # noqa: E402,F401  (registers the kernel faults judged by the audit)
+from . import logic_faults  # noqa: E402,F401  (faults of new kinds: mHC, RoPE, indexer size, KV scales)

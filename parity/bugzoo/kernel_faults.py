@@ -14,13 +14,15 @@ kernel_tile_row_unwritten          fused-SwiGLU grouped GEMM: last row of each  
                                    16-row tile never stored
 kernel_act_scale_1_in_64           activation quantizer: 1 block scale in 64    attn_q (wq_a input)
                                    stored one E4M3 code too large
+kernel_alpha_of_next_expert        grouped GEMM: group e scaled with group      attn_o (wo_a groups)
+                                   e+1's alpha (global scale)
 =================================  ===========================================  ==================
 """
 from __future__ import annotations
 
 from typing import Any, Iterator
 
-from .backends import act_scale_bumped, kernel_fault, ktail_dropped, scale_from_neighbour, swap_backend, \
+from .backends import act_scale_bumped, alpha_of_next_expert, kernel_fault, ktail_dropped, scale_from_neighbour, swap_backend, \
     tile_row_unwritten
 from .registry import register_fault
 
@@ -28,6 +30,7 @@ SCALE_NEIGHBOUR = kernel_fault("bugzoo-kernel-scale-neighbour", weight_scales=sc
 KTAIL = kernel_fault("bugzoo-kernel-ktail-dropped", matmul=ktail_dropped(192))
 ROW_UNWRITTEN = kernel_fault("bugzoo-kernel-row-unwritten", rows=tile_row_unwritten)
 ACT_SCALE = kernel_fault("bugzoo-kernel-act-scale-1-in-64", act_scales=act_scale_bumped)
+NEXT_ALPHA = kernel_fault("bugzoo-kernel-alpha-of-next-expert", alpha_of=alpha_of_next_expert)
 
 
 @register_fault("kernel_weight_scale_neighbour", layer=0, component="attn_q", column="bug_budget",
@@ -62,4 +65,12 @@ def kernel_tile_row_unwritten(model: Any) -> Iterator[None]:
                             "~6-12 % too large.")
 def kernel_act_scale_1_in_64(model: Any) -> Iterator[None]:
     with swap_backend(model, ACT_SCALE):
+        yield
+
+
+@register_fault("kernel_alpha_of_next_expert", layer=0, component="attn_o", column="bug_budget", backend=NEXT_ALPHA,
+                description="Kernel bug: the grouped GEMM scales group e with group e+1's alpha (per-group global "
+                            "scale pointer advanced once too often); first hit: wo_a's head groups.")
+def kernel_alpha_of_next_expert(model: Any) -> Iterator[None]:
+    with swap_backend(model, NEXT_ALPHA):
         yield
