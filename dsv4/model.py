@@ -41,7 +41,8 @@ from .plan import INDEXER_QK_TREATMENT, PrecisionPlan, resolve_plan
 from .weights import ConversionRecord, prepare, prepare_bank, split_rows
 
 log = logging.getLogger(__name__)
-ACT_DTYPE = torch.bfloat16
+ACT_DTYPE = torch.bfloat16   # the activation dtype of every plan but the all-fp32 logic plan
+_ACT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 @dataclass
@@ -189,6 +190,7 @@ class NativeModel:
         self.conversion_records = conversions
         self.checkpoint_path = str(reader.path)
         self.flavor = reader.flavor
+        self.act_dtype = _ACT_DTYPES[plan.act_dtype]
         self.fingerprint = reader.fingerprint()
 
     # ---- bookkeeping ---------------------------------------------------------------------------
@@ -222,7 +224,7 @@ class NativeModel:
             "flavor": self.flavor, "fingerprint": self.fingerprint, "plan": self.plan.name,
             "plan_key": self.plan.key(), "plan_components": dict(self.plan.components),
             "backend": self.backend, "backends": self.backend_names(), "act_scale": self.act_scale,
-            "dtype": str(ACT_DTYPE).replace("torch.", ""), "logits_dtype": "float32",
+            "dtype": str(self.act_dtype).replace("torch.", ""), "logits_dtype": "float32",
             "devices": {str(k): v for k, v in self.device_map.items()},
             "conversions": dict(actions),
         }
@@ -246,7 +248,7 @@ class NativeModel:
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         ids = self._ids(ids)
-        e = self.embed_weight[ids.to(self.embed_weight.device)].to(ACT_DTYPE)
+        e = self.embed_weight[ids.to(self.embed_weight.device)].to(self.act_dtype)
         probes.emit("embed", e)
         return e[:, None, :].expand(-1, self.config.hc_mult, -1).contiguous()
 
@@ -265,7 +267,7 @@ class NativeModel:
             raise ValueError(f"layer {i}: expected its cache at position {state.start} (the chunk start), found "
                              f"{cache.length} (was this chunk already run through layer {i}?)")
         block = self.blocks[i]
-        X = X.to(block.device, ACT_DTYPE)
+        X = X.to(block.device, self.act_dtype)
         return block(X, cache, state.start, state.chunk.to(block.device))
 
     def head(self, X: torch.Tensor) -> torch.Tensor:
@@ -273,7 +275,7 @@ class NativeModel:
         if not isinstance(X, torch.Tensor) or X.dim() != 3 or tuple(X.shape[1:]) != (c.hc_mult, c.hidden_size):
             raise ValueError(f"head X: expected [T, {c.hc_mult}, {c.hidden_size}], found "
                              f"{list(X.shape) if isinstance(X, torch.Tensor) else type(X).__name__}")
-        return self.head_module(X.to(self.device_map["head"], ACT_DTYPE))
+        return self.head_module(X.to(self.device_map["head"], self.act_dtype))
 
     def _forward(self, state: DecodeState) -> torch.Tensor:
         X = self.embed(state.chunk)
@@ -317,6 +319,28 @@ class NativeModel:
                 f"act_scale={self.act_scale!r})")
 
 
+def set_act_dtype(root: Any, dtype: torch.dtype) -> None:
+    """Set ``act_dtype`` on every layer object under ``root`` that declares one (the classes default to
+    BF16; the all-fp32 logic plan computes everything in FP32)."""
+    seen: set[int] = set()
+    todo = [root]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, (torch.Tensor, str, int, float, type)) or obj is None:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (list, tuple)):
+            todo.extend(obj)
+            continue
+        if isinstance(obj, dict):
+            todo.extend(obj.values())
+            continue
+        if hasattr(type(obj), "act_dtype"):
+            obj.act_dtype = dtype
+        if hasattr(obj, "__dict__") and not isinstance(obj, Dispatcher):
+            todo.extend(vars(obj).values())
+
+
 def resolve_checkpoint(path_or_preset: str | Path) -> Path:
     """A preset name (tiny presets are synthesized) or a checkpoint path."""
     s = str(path_or_preset)
@@ -345,7 +369,10 @@ def load_model(path_or_preset: str | Path, *, plan: Any = "default", backend: st
     b = _Builder(reader, plan_obj, devices, dispatchers, act_scale)
     blocks = [b.block(i) for i in range(cfg.num_hidden_layers)]
     head = b.head()
-    embed = b.tensor("embed", None, devices["embed"]).to(ACT_DTYPE)
+    act = _ACT_DTYPES[plan_obj.act_dtype]
+    embed = b.tensor("embed", None, devices["embed"]).to(act)
+    if act != ACT_DTYPE:
+        set_act_dtype([blocks, head], act)
     model = NativeModel(reader=reader, plan=plan_obj, backend=backend, devices=devices, dispatchers=dispatchers,
                         kernel_log=klog, act_scale=act_scale, embed=embed, blocks=blocks, head=head,
                         conversions=b.records)

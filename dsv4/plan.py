@@ -28,13 +28,14 @@ try:
 except ImportError:  # Python 3.10 (the GPU machine may lack 3.11)
     import tomli as tomllib  # type: ignore[no-redef]
 
-FORMATS = ("fp4", "fp8", "bf16")
+# fp32 is a whole-model mode for the logic column (every class fp32, FP32 activations), never mixed.
+FORMATS = ("fp4", "fp8", "bf16", "fp32")
 
 # Which formats each class accepts. kv_cache holds activations, never weights: NVFP4 W4A4 has no
 # meaning there (spec §12 stores the cache nope dims in FP8 or not at all).
 LEGAL_FORMATS: Mapping[str, tuple[str, ...]] = {
     **{c: FORMATS for c in PLAN_CLASSES if c != "kv_cache"},
-    "kv_cache": ("fp8", "bf16"),
+    "kv_cache": ("fp8", "bf16", "fp32"),
 }
 
 # What each class covers (for reports and error messages).
@@ -61,13 +62,14 @@ PRESETS: Mapping[str, Mapping[str, str]] = {
     "default": _DEFAULT,
     "all-fp4": {c: ("fp8" if c == "kv_cache" else "fp4") for c in PLAN_CLASSES},
     "all-bf16": {c: "bf16" for c in PLAN_CLASSES},
+    "all-fp32": {c: "fp32" for c in PLAN_CLASSES},
 }
 
 # The indexer's official QAT (spec §7 step 3-4, §12): Hadamard(di)/sqrt(di), then FP4 E2M1 fake
 # quantization with power-of-two scales per 32 of q (after RoPE) and of the keys. The probe table
 # (dsv4.probes) assigns both indexer.q and indexer.k to ``indexer_q``, so that class decides it:
 # any quantized format keeps the trained QAT; bf16 removes every quantization from the QK path.
-INDEXER_QK_TREATMENT: Mapping[str, str] = {"fp4": "hadamard+fp4", "fp8": "hadamard+fp4", "bf16": "none"}
+INDEXER_QK_TREATMENT: Mapping[str, str] = {"fp4": "hadamard+fp4", "fp8": "hadamard+fp4", "bf16": "none", "fp32": "none"}
 
 _TOP_KEYS = ("base", "components", "name")
 
@@ -107,6 +109,10 @@ class PrecisionPlan:
         missing = [c for c in PLAN_CLASSES if c not in comp]
         if missing:
             raise PlanError(f"plan: expected a format for every class, found none for {missing}")
+        fp32 = sorted(c for c, f in comp.items() if f == "fp32")
+        if fp32 and len(fp32) != len(comp):
+            raise PlanError(f"plan: fp32 is a whole-model mode (the FP32 logic column, preset 'all-fp32'): expected "
+                            f"every class or none in fp32, found only {fp32}")
         # canonical order, so equal plans compare and hash equal
         object.__setattr__(self, "components", tuple((c, comp[c]) for c in PLAN_CLASSES))
 
@@ -180,6 +186,11 @@ class PrecisionPlan:
         """A short stable hash of the full table (cache keys; equal plans give equal keys)."""
         blob = json.dumps(dict(self.components), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+    @property
+    def act_dtype(self) -> str:
+        """The activation dtype the plan computes in: ``fp32`` for the all-fp32 logic plan, else ``bf16``."""
+        return "fp32" if self.components[0][1] == "fp32" else "bf16"
 
     def fp4_classes(self) -> list[str]:
         return [c for c, f in self.components if f == "fp4"]

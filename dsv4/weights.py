@@ -20,13 +20,13 @@ from typing import Any, Sequence
 import torch
 
 from .checkpoint.formats import DENSE, FP8_BLOCK, MXFP4, NVFP4, StoredWeight
-from .layers.linear import Bf16Weight, Fp4Weight, Fp8Weight
+from .layers.linear import Bf16Weight, Fp4Weight, Fp8Weight, Fp32Weight
 from .numerics import (fp8_block_dequantize, fp8_block_quantize, mxfp4_dequantize, nvfp4_dequantize,
                        nvfp4_quantize)
 
 log = logging.getLogger(__name__)
 FP8_BLOCK_ROWS = 128
-Prepared = Fp4Weight | Fp8Weight | Bf16Weight
+Prepared = Fp4Weight | Fp8Weight | Bf16Weight | Fp32Weight
 
 
 def _ue8m0(s: torch.Tensor) -> bool:
@@ -58,6 +58,8 @@ def _native(sw: StoredWeight, target: str) -> bool:
         return sw.fmt.kind == NVFP4
     if target == "fp8":
         return sw.fmt.kind == FP8_BLOCK and _ue8m0(sw.tensors["scale"])
+    if target == "fp32":
+        return False    # always dequantized (exact: every stored format fits in FP32)
     return sw.fmt.kind == DENSE and sw.tensors["weight"].dtype == torch.bfloat16
 
 
@@ -103,8 +105,9 @@ def convert_rows(sws: Sequence[StoredWeight], target: str) -> tuple[Prepared, st
     if native and target == "bf16":
         return Bf16Weight(torch.cat([sw.tensors["weight"] for sw in sws]).contiguous()), "as-is", None
     w = torch.cat([dequantize(sw) for sw in sws])
-    out: Prepared = {"fp4": _fp4_from, "fp8": _fp8_from, "bf16": lambda t: Bf16Weight(t.to(torch.bfloat16))}[target](w)
-    action = "dequantize" if target == "bf16" else f"dequantize+quantize-{target}"
+    out: Prepared = {"fp4": _fp4_from, "fp8": _fp8_from, "bf16": lambda t: Bf16Weight(t.to(torch.bfloat16)),
+                     "fp32": lambda t: Fp32Weight(t.to(torch.float32).contiguous())}[target](w)
+    action = "dequantize" if target in ("bf16", "fp32") else f"dequantize+quantize-{target}"
     return out, action, w
 
 
@@ -118,7 +121,7 @@ def stack_bank(ws: Sequence[Prepared]) -> Prepared:
                          None if any(i is None for i in ins) else torch.stack([i.reshape(()) for i in ins]))
     if isinstance(w0, Fp8Weight):
         return Fp8Weight(torch.stack([w.weight for w in ws]), torch.stack([w.scale for w in ws]))
-    return Bf16Weight(torch.stack([w.weight for w in ws]))
+    return type(w0)(torch.stack([w.weight for w in ws]))     # Bf16Weight or Fp32Weight
 
 
 def split_rows(sw: StoredWeight, groups: int) -> list[StoredWeight]:

@@ -155,7 +155,7 @@ def add_run_arguments(p: Any, *, backend_help: str, profile_help: str, topk_defa
     p.add_argument("--prompt", action="append", help="prompt id of the set, or free text (repeatable); "
                                                      "default: every prompt of the set in --mode")
     p.add_argument("--prompt-set", default=None, help="a prompts TOML other than dsv4/data/prompts.toml")
-    p.add_argument("--plan", default="default", help="plan preset (default, all-fp4, all-bf16) or a TOML file")
+    p.add_argument("--plan", default="default", help="plan preset (default, all-fp4, all-bf16, all-fp32) or a TOML file")
     p.add_argument("--backend", default="auto", help=backend_help)
     p.add_argument("--profile", choices=("bf16", "official"), default="bf16", help=profile_help)
     p.add_argument("--ref-dtype", choices=sorted(DTYPES), default="bf16", help="reference activation dtype")

@@ -69,7 +69,12 @@ def model_weights(config: DSV4Config, devices: Mapping[Any, str], plan: Precisio
             # The head is stored as a dense table but planned (and quantized) as the lm_head linear.
             cls = component_class(spec.name)
             fmt = "bf16" if plan is None or cls is None else plan[cls]
-            nbytes = weight_bytes(_FMT_KIND[fmt], spec.shape) if plan is not None else _numel(spec.shape) * act_bytes
+            if plan is None:
+                nbytes = _numel(spec.shape) * act_bytes
+            elif fmt == "fp32":
+                nbytes = _numel(spec.shape) * 4
+            else:
+                nbytes = weight_bytes(_FMT_KIND[fmt], spec.shape)
         elif spec.kind in (NORM, TABLE, PARAM, INDEX):
             nbytes = _other_bytes(spec.kind, spec.shape, act_bytes)
         else:
@@ -102,7 +107,8 @@ def estimate(config: DSV4Config, devices: Mapping[Any, str], plan: PrecisionPlan
     prompt set, plus the emulated run anchoring the bug-budget column)."""
     """Everything the dry run prints: per model and device, the peak, and host probe bytes."""
     models = [model_weights(config, devices, None, ref_act_bytes, "reference"),
-              model_weights(config, devices, PrecisionPlan.preset("all-bf16"), label="native:all-bf16 (logic)"),
+              model_weights(config, devices, None, 4, "reference fp32 (logic)"),
+              model_weights(config, devices, PrecisionPlan.preset("all-fp32"), 4, label="native:all-fp32 (logic)"),
               model_weights(config, devices, plan, label=f"native:{plan.name} (floor / bug budget)")]
     all_devices = sorted({d for m in models for d in m.per_device})
     peak = {d: max(m.per_device.get(d, 0) for m in models) for d in all_devices}

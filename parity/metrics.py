@@ -236,8 +236,11 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor) -> TensorComparison:
     a non-finite entry makes the sums non-finite, and only then are masks built (indexer ``-inf``)."""
     if tuple(a.shape) != tuple(b.shape):
         raise ShapeMismatchError(f"shapes differ: anchor {tuple(a.shape)}, test {tuple(b.shape)}")
-    x = _rows(a.detach().to("cpu", torch.float32))
-    y = _rows(b.detach().to("cpu", torch.float32))
+    # FP32 probes (the logic column computes in FP32 on both sides, ~1e-13 apart) get float64 sums: a
+    # float32 dot product would put cosine's own noise (~1e-7) above the differences it must resolve.
+    work = torch.float64 if torch.float32 in (a.dtype, b.dtype) else torch.float32
+    x = _rows(a.detach().to("cpu", work))
+    y = _rows(b.detach().to("cpu", work))
     sums, d = _row_sums(x, y)
     mismatch = 0
     if not np.isfinite(sums).all():

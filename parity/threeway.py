@@ -1,9 +1,10 @@
 """The three columns (parity-methods.md §5), each a pair of models compared per probe and on logits:
 
-* **logic**      = reference ``bf16`` profile  <-> native ``all-bf16`` plan, ``emulated`` backend.
-  Both sides compute in BF16, so any gap above BF16 noise is a layer bug. Always anchored by the
-  ``bf16`` reference profile, whatever ``--profile`` says (an ``official`` reference fake-quantizes
-  activations, which is not BF16 noise).
+* **logic**      = reference ``bf16`` profile in FP32 <-> native ``all-fp32`` plan, ``emulated`` backend.
+  Both sides compute everything in FP32 (weights dequantized exactly, FP32 activations), so they agree
+  to ~1e-13 rel_diff and any layer bug stands orders of magnitude above that, with no BF16 rounding
+  or near-tie selection flip to hide behind. Always anchored by the ``bf16`` reference profile (no
+  activation fake quantization), whatever ``--profile`` says.
 * **floor**      = reference (``--profile``) <-> native with the chosen plan on ``emulated``: what
   NVFP4 costs. Only a floor when the logic column passes (see :mod:`parity.verdict`).
 * **bug_budget** = native plan on ``emulated`` <-> the same plan on a kernel backend: should be ~0.
@@ -38,8 +39,9 @@ from .source import CheckpointSource
 
 COLUMNS = ("logic", "floor", "bug_budget")
 EMULATED = "emulated"
-LOGIC_PLAN = "all-bf16"
+LOGIC_PLAN = "all-fp32"
 LOGIC_PROFILE = "bf16"
+LOGIC_REF_DTYPE = torch.float32
 # progress(description, done, total): called as work advances (the CLI draws rich progress bars).
 Progress = Callable[[str, int, int], None]
 
@@ -147,14 +149,15 @@ class _Runner:
         self.ref_load_seconds = 0.0
 
     # ---- the reference side ---------------------------------------------------------------------
-    def reference(self, profile: str) -> list[SideOutput]:
-        if profile in self.refs:
-            return self.refs[profile]
+    def reference(self, profile: str, dtype: torch.dtype | None = None) -> list[SideOutput]:
         spec, src = self.spec, self.spec.source
-        keys = [cache_key(src.fingerprint, profile, dtype_name(spec.ref_dtype), p.ids) for p in spec.prompts]
+        dtype = dtype or spec.ref_dtype
+        if (profile, dtype) in self.refs:
+            return self.refs[(profile, dtype)]
+        keys = [cache_key(src.fingerprint, profile, dtype_name(dtype), p.ids) for p in spec.prompts]
         outs: list[SideOutput | None] = [self.cache.load(k) if self.cache else None for k in keys]
         model = None
-        label = f"reference:{profile}"
+        label = f"reference:{profile}" + ("" if dtype == torch.bfloat16 else f"/{dtype_name(dtype)}")
         for n, (p, key) in enumerate(zip(spec.prompts, keys)):
             self.progress(f"{label} forward", n, len(spec.prompts))
             if outs[n] is not None:
@@ -163,7 +166,7 @@ class _Runner:
             if model is None:
                 self.progress(f"load {label}", 0, 1)
                 t0 = _now()
-                model = self.loaders.reference(str(src.path), profile=profile, dtype=spec.ref_dtype,
+                model = self.loaders.reference(str(src.path), profile=profile, dtype=dtype,
                                                device=spec.device, device_map=spec.device_map)
                 self.ref_load_seconds += _now() - t0
                 self.progress(f"load {label}", 1, 1)
@@ -176,8 +179,8 @@ class _Runner:
         self.progress(f"{label} forward", len(spec.prompts), len(spec.prompts))
         model = None
         free_memory(self.spec.device)
-        self.refs[profile] = [o for o in outs if o is not None]
-        return self.refs[profile]
+        self.refs[(profile, dtype)] = [o for o in outs if o is not None]
+        return self.refs[(profile, dtype)]
 
     # ---- one column ----------------------------------------------------------------------------------
     def column(self, name: str, anchors: Sequence[SideOutput], *, plan: PrecisionPlan, backend: str,
@@ -304,8 +307,9 @@ def run_threeway(spec: RunSpec, loaders: ModelLoaders | None = None,
     r = _Runner(spec, loaders or DefaultLoaders(), progress)
     columns: dict[str, ColumnResult] = {}
     if "logic" in spec.columns:
-        columns["logic"], _ = r.column("logic", r.reference(LOGIC_PROFILE), plan=PrecisionPlan.preset(LOGIC_PLAN),
-                                       backend=EMULATED, anchor_label=f"reference:{LOGIC_PROFILE}",
+        columns["logic"], _ = r.column("logic", r.reference(LOGIC_PROFILE, LOGIC_REF_DTYPE),
+                                       plan=PrecisionPlan.preset(LOGIC_PLAN),
+                                       backend=EMULATED, anchor_label=f"reference:{LOGIC_PROFILE}/{dtype_name(LOGIC_REF_DTYPE)}",
                                        profile=LOGIC_PROFILE)
     floor_outputs: list[SideOutput] = []
     if "floor" in spec.columns or kernel is not None:

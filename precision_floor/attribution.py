@@ -5,7 +5,7 @@ Each fault (``parity.bugzoo`` registry) is injected into every native model the 
 floor column's plan model, and the logic column's all-BF16 model — and the tools are run as a user
 would, with the fault present:
 
-* **logic column** (reference bf16 <-> native all-bf16, propagated + isolated), judged with the
+* **logic column** (reference bf16 profile in FP32 <-> native all-fp32, propagated + isolated), judged with the
   parity thresholds: does it flag the fault regardless of plan? (A fault acting only on an FP4 path,
   or a kernel fault, cannot show here: there is no FP4 in the logic column.)
 * **rescue / damage tables** with the fault: the fault's *excess* KL in a plan is KL(faulty) -
@@ -42,6 +42,7 @@ import pandas as pd
 
 from dsv4.plan import PrecisionPlan
 from parity.bugzoo.registry import Fault, FaultTargetError, get_fault, list_faults, load_faults_module
+from parity.threeway import LOGIC_PLAN
 from parity.rules import RuleSet, load_rules
 from parity.runner import DefaultLoaders, ModelLoaders
 from parity.verdict import evaluate as judge_verdict
@@ -52,7 +53,7 @@ from .flips import DIRECTIONS, FlipTables, check_classes, flip_plan, paired_delt
     significant
 from .search import STRATEGIES, Budget, SearchResult, floor_search
 
-LOGIC_PLAN = "all-bf16"
+DAMAGE_BASE = "all-bf16"     # the damage tables' base (all-bf16 except c in FP4); the logic column is FP32
 LOGIC_MODES = ("propagated", "isolated")
 # Promoting c 'fixes' the fault when at most this fraction of its all-fp4 excess KL remains.
 FIX_FRACTION = 0.2
@@ -155,8 +156,8 @@ class FaultStudy:
                 "logic_flags": self.logic_flags, "logic_divergence": self.logic_divergence,
                 "not_applicable_plans": sorted(p for p, a in self.applied.items() if not a["applied"]),
                 "excess_kl": e0, "excess_kl_se": se0,
-                "excess_kl_all_bf16": self.excess.get(LOGIC_PLAN, (math.nan, math.nan))[0],
-                "excess_kl_all_bf16_se": self.excess.get(LOGIC_PLAN, (math.nan, math.nan))[1],
+                "excess_kl_all_bf16": self.excess.get(DAMAGE_BASE, (math.nan, math.nan))[0],
+                "excess_kl_all_bf16_se": self.excess.get(DAMAGE_BASE, (math.nan, math.nan))[1],
                 "moves_metrics": self.moves_metrics,
                 "rescue_fixes": self.rescue_fixes, "damage_shows": self.damage_shows,
                 "search_met": bool(s.met) if s else False, "search_floor": s.floor_set if s else [],
@@ -199,7 +200,7 @@ def study_fault(clean: Evaluator, fault: Fault, budget: Budget | None, classes: 
         fixes = [c for c in classes if excess[flip_plan("rescue", c).name][0] <= FIX_FRACTION * e0]
     shows: list[str] = []
     if "damage" in directions:
-        eb, _ = excess[LOGIC_PLAN]
+        eb, _ = excess[DAMAGE_BASE]
         for c in classes:
             d, se = excess[flip_plan("damage", c).name]
             if significant(d - eb, se) and d - eb > 0:

@@ -35,6 +35,8 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 
 def format_bytes(fmt: str, shape: tuple[int, ...]) -> int:
+    if fmt == "fp32":      # the logic column's whole-model FP32 mode: dense, 4 bytes per element
+        return _numel(shape) * 4
     kind = _FMT_KIND[fmt]
     return sum(_numel(s) * _ROLE_BYTES[kind][role] for role, s in stored_shapes(kind, shape).items())
 

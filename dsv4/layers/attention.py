@@ -25,6 +25,9 @@ QUERY_CHUNK = 256
 
 
 class Attention:
+    # activation dtype between steps: BF16; the all-fp32 logic plan sets float32 (dsv4.model)
+    act_dtype: torch.dtype = torch.bfloat16
+
     def __init__(self, prefix: str, *, wq_a: Linear, q_norm: RMSNorm, wq_b: Linear, wkv: Linear, kv_norm: RMSNorm,
                  wo_a: GroupedLinear, wo_b: Linear, sink: torch.Tensor, rope: Rope, kv_storage: KVStorage,
                  compressor: Compressor | None, indexer: Indexer | None, n_heads: int, head_dim: int,
@@ -50,7 +53,7 @@ class Attention:
 
     def head_norm(self, q: torch.Tensor) -> torch.Tensor:
         """Per-head unweighted RMSNorm over d (spec §5 step 1)."""
-        return rms_normalize(q, None, self.eps).to(torch.bfloat16)
+        return rms_normalize(q, None, self.eps).to(self.act_dtype)
 
     def key_value(self, x: torch.Tensor | NormedInput) -> torch.Tensor:
         """The single K=V head ``kv_norm(wkv x)`` ``[T, d]``."""
@@ -75,8 +78,8 @@ class Attention:
         return e / (e.sum(dim=-1, keepdim=True) + torch.exp(sink[:, None, None] - mx))
 
     def weighted_values(self, p: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """``P.V`` with P cast to BF16 first, FP32 accumulation -> FP32 ``[Tq, H, d]``."""
-        pf = p.to(torch.bfloat16).to(torch.float32)
+        """``P.V`` with P cast to the activation dtype (BF16) first, FP32 accumulation -> FP32 ``[Tq, H, d]``."""
+        pf = p.to(self.act_dtype).to(torch.float32)
         eq = "htk,kd->thd" if values.dim() == 2 else "htk,tkd->thd"
         return torch.einsum(eq, pf, values.to(torch.float32))
 
@@ -111,7 +114,7 @@ class Attention:
                 n = k.shape[-2]
                 o = o + self.weighted_values(p[..., off:off + n], k)
                 off += n
-            out.append(o.to(torch.bfloat16))
+            out.append(o.to(self.act_dtype))
         return torch.cat(out)
 
     def output(self, o: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,9 @@ from .rope import Rope
 
 
 class Compressor:
+    # activation dtype between steps: BF16; the all-fp32 logic plan sets float32 (dsv4.model)
+    act_dtype: torch.dtype = torch.bfloat16
+
     def __init__(self, name: str, wkv: Linear, wgate: Linear, ape: torch.Tensor, norm: RMSNorm, *, ratio: int,
                  overlap: bool, width: int, rope: Rope) -> None:
         k = 2 if overlap else 1
@@ -63,7 +66,7 @@ class Compressor:
 
     def normalize(self, pooled: torch.Tensor) -> torch.Tensor:
         """Cast to BF16, then the weighted RMSNorm (spec §6 step 5)."""
-        return self.norm(pooled.to(torch.bfloat16))
+        return self.norm(pooled.to(self.act_dtype))
 
     def apply_rope(self, entries: torch.Tensor, first: int) -> torch.Tensor:
         """RoPE at position ``j * m`` for entry j (the first token of block j, §6 step 6)."""
@@ -85,7 +88,7 @@ class Compressor:
         used = nb * m
         state.tail_kv, state.tail_gate = kv[used:].clone(), gate[used:].clone()
         if nb == 0:
-            return kv.new_zeros((0, self.width), dtype=torch.bfloat16), first
+            return kv.new_zeros((0, self.width), dtype=self.act_dtype), first
         bkv, bgate = kv[:used].unflatten(0, (nb, m)), gate[:used].unflatten(0, (nb, m))
         kv_w, gate_w, ape_w = self.windows(bkv, bgate, state.prev_kv, state.prev_gate)
         entries = self.apply_rope(self.normalize(self.pool(kv_w, gate_w, ape_w)), first)

@@ -46,13 +46,14 @@ class GroupedLinear:
         if swiglu_limit is not None:
             raise ValueError(f"{self.name}: a fused SwiGLU epilogue needs the fp4 format, found {self.fmt}")
 
-    def _loop(self, x: torch.Tensor, offsets: torch.Tensor, weight_of: Callable[[int], torch.Tensor]) -> torch.Tensor:
-        out = torch.empty(x.shape[0], self.n_per_group, dtype=torch.bfloat16, device=x.device)
+    def _loop(self, x: torch.Tensor, offsets: torch.Tensor, weight_of: Callable[[int], torch.Tensor],
+              out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        out = torch.empty(x.shape[0], self.n_per_group, dtype=out_dtype, device=x.device)
         bounds = offsets.tolist()
         for e in range(self.groups):
             lo, hi = bounds[e], bounds[e + 1]
             if hi > lo:
-                out[lo:hi] = (x[lo:hi] @ weight_of(e).T).to(torch.bfloat16)
+                out[lo:hi] = (x[lo:hi] @ weight_of(e).T).to(out_dtype)
         return out
 
 
@@ -68,6 +69,21 @@ class Bf16GroupedLinear(GroupedLinear):
         w: Bf16Weight = self.weight
         xf = materialize(x).to(torch.bfloat16).to(torch.float32)
         return self._loop(xf, offsets, lambda e: w.weight[e].to(torch.float32))
+
+
+class Fp32GroupedLinear(GroupedLinear):
+    """FP32 in, FP32 weights, FP32 out (plan ``all-fp32``)."""
+
+    fmt = "fp32"
+
+    @property
+    def n_per_group(self) -> int:
+        return int(self.weight.weight.shape[1])
+
+    def __call__(self, x: torch.Tensor | NormedInput, offsets: torch.Tensor, *, swiglu_limit: float | None = None) -> torch.Tensor:
+        self._no_swiglu(swiglu_limit)
+        xf = materialize(x).to(torch.float32)
+        return self._loop(xf, offsets, lambda e: self.weight.weight[e], torch.float32)
 
 
 class Fp8GroupedLinear(GroupedLinear):
@@ -134,4 +150,4 @@ class Fp4GroupedLinear(GroupedLinear):
 
 
 GROUPED_CLASSES: dict[str, type[GroupedLinear]] = {"fp4": Fp4GroupedLinear, "fp8": Fp8GroupedLinear,
-                                                   "bf16": Bf16GroupedLinear}
+                                                   "bf16": Bf16GroupedLinear, "fp32": Fp32GroupedLinear}

@@ -67,6 +67,18 @@ class Bf16KVStorage(KVStorage):
         return s.parts["kv"]
 
 
+class Fp32KVStorage(KVStorage):
+    """No rounding at all (plan ``all-fp32``)."""
+
+    fmt = "fp32"
+
+    def encode(self, kv: torch.Tensor) -> StoredKV:
+        return StoredKV({"kv": kv.to(torch.float32)})
+
+    def decode(self, s: StoredKV) -> torch.Tensor:
+        return s.parts["kv"]
+
+
 class Fp8KVStorage(KVStorage):
     """dims [0, nope): E4M3 + UE8M0 per 64 (official act_quant, block 64); rope dims BF16."""
 
@@ -87,7 +99,7 @@ class Fp8KVStorage(KVStorage):
         return torch.cat((nope, s.parts["rope"]), dim=-1)
 
 
-KV_STORAGES: dict[str, type[KVStorage]] = {"fp8": Fp8KVStorage, "bf16": Bf16KVStorage}
+KV_STORAGES: dict[str, type[KVStorage]] = {"fp8": Fp8KVStorage, "bf16": Bf16KVStorage, "fp32": Fp32KVStorage}
 
 
 class WindowCache:

@@ -76,6 +76,13 @@ class Bf16Weight(_UnpackedShape):
     weight: torch.Tensor
 
 
+@dataclass
+class Fp32Weight(_UnpackedShape):
+    """FP32 weight ``[N, K]`` (``[E, N, K]`` for a bank): every stored format dequantizes exactly into it."""
+
+    weight: torch.Tensor
+
+
 def quantize_fp4_input(layer: "Fp4Linear | object", x: torch.Tensor | NormedInput) -> FP4Operand:
     """BF16 -> NVFP4 through ``layer``'s backend with its activation global scale; a deferred
     RMSNorm is fused into the quantization; under ``act_scale="frozen"`` the first scale is kept.
@@ -129,6 +136,16 @@ class Bf16Linear(Linear):
         self._no_swiglu(swiglu_limit)
         xb = materialize(x).to(torch.bfloat16)
         return (xb.to(torch.float32) @ self.weight.weight.to(torch.float32).T).to(self.out_dtype)
+
+
+class Fp32Linear(Linear):
+    """FP32 weight, FP32 activation, FP32 output: the logic column's native side (plan ``all-fp32``)."""
+
+    fmt = "fp32"
+
+    def __call__(self, x: torch.Tensor | NormedInput, *, swiglu_limit: float | None = None) -> torch.Tensor:
+        self._no_swiglu(swiglu_limit)
+        return materialize(x).to(torch.float32) @ self.weight.weight.T
 
 
 class Fp8Linear(Linear):
@@ -185,4 +202,5 @@ class Fp4Linear(Linear):
         return y.to(self.out_dtype)
 
 
-LINEAR_CLASSES: dict[str, type[Linear]] = {"fp4": Fp4Linear, "fp8": Fp8Linear, "bf16": Bf16Linear}
+LINEAR_CLASSES: dict[str, type[Linear]] = {"fp4": Fp4Linear, "fp8": Fp8Linear, "bf16": Bf16Linear,
+                                           "fp32": Fp32Linear}

@@ -17,6 +17,8 @@ def _flat_rms(X: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
 
 class HyperConnection:
     """One sub-block's mHC (``hc_attn_*`` or ``hc_ffn_*``): fn ``[(2+n)n, nD]``, base, scale ``[3]``."""
+    # activation dtype between steps: BF16; the all-fp32 logic plan sets float32 (dsv4.model)
+    act_dtype: torch.dtype = torch.bfloat16
 
     def __init__(self, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *, n: int, iters: int,
                  hc_eps: float, rms_eps: float) -> None:
@@ -48,16 +50,18 @@ class HyperConnection:
 
     def collapse(self, X: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
         """``x = sum_j pre_j X_j`` over the raw streams, FP32 -> BF16 (§4 step 5)."""
-        return torch.einsum("tn,tnd->td", pre, X.to(torch.float32)).to(torch.bfloat16)
+        return torch.einsum("tn,tnd->td", pre, X.to(torch.float32)).to(self.act_dtype)
 
     def post(self, f: torch.Tensor, X: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
         """``X'_k = post_k f + sum_j C[j, k] X_j`` in FP32, one cast to BF16 (contracts over the FIRST index)."""
         mixed = torch.einsum("tjk,tjd->tkd", comb, X.to(torch.float32))
-        return (post[..., None] * f.to(torch.float32)[:, None, :] + mixed).to(torch.bfloat16)
+        return (post[..., None] * f.to(torch.float32)[:, None, :] + mixed).to(self.act_dtype)
 
 
 class HCHead:
     """Final collapse: ``pre_j = sigmoid(mu_j * s + b_j) + hc_eps``, no Sinkhorn, no post (§10)."""
+    # activation dtype between steps: BF16; the all-fp32 logic plan sets float32 (dsv4.model)
+    act_dtype: torch.dtype = torch.bfloat16
 
     def __init__(self, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, *, hc_eps: float,
                  rms_eps: float) -> None:
@@ -72,7 +76,7 @@ class HCHead:
         return torch.sigmoid(mu * self.scale[0] + self.base) + self.hc_eps
 
     def collapse(self, X: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
-        return torch.einsum("tn,tnd->td", pre, X.to(torch.float32)).to(torch.bfloat16)
+        return torch.einsum("tn,tnd->td", pre, X.to(torch.float32)).to(self.act_dtype)
 
     def __call__(self, X: torch.Tensor) -> torch.Tensor:
         return self.collapse(X, self.weights(X))

@@ -19,6 +19,9 @@ from .swiglu import clamped_swiglu, overridden
 
 
 class MoE:
+    # activation dtype between steps: BF16; the all-fp32 logic plan sets float32 (dsv4.model)
+    act_dtype: torch.dtype = torch.bfloat16
+
     def __init__(self, prefix: str, router: Router, w13: GroupedLinear, w2: GroupedLinear, shared: SharedExpert,
                  *, n_experts: int, swiglu_limit: float) -> None:
         self.prefix = prefix
@@ -44,7 +47,7 @@ class MoE:
 
     def apply_route_weight(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """FP32 ``w * a`` cast to BF16: the input of w2 (official Expert.forward)."""
-        return (a.to(torch.float32) * w[:, None]).to(torch.bfloat16)
+        return (a.to(torch.float32) * w[:, None]).to(self.act_dtype)
 
     def expert_activation(self, x: torch.Tensor | NormedInput, offsets: torch.Tensor) -> torch.Tensor:
         if self.fused():
@@ -72,6 +75,6 @@ class MoE:
         probes.emit(self.prefix + "ffn.routed.out", routed)
         shared = self.shared(x)
         probes.emit(self.prefix + "ffn.shared.out", shared)
-        out = (routed + shared.to(torch.float32)).to(torch.bfloat16)
+        out = (routed + shared.to(torch.float32)).to(self.act_dtype)
         probes.emit(self.prefix + "ffn.out", out)
         return out

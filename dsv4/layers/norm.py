@@ -21,13 +21,15 @@ def rms_normalize(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> t
 
 class RMSNorm:
     """Weighted RMSNorm over the last dim; BF16 output (the activation dtype)."""
+    # activation dtype between steps: BF16; the all-fp32 logic plan sets float32 (dsv4.model)
+    act_dtype: torch.dtype = torch.bfloat16
 
     def __init__(self, weight: torch.Tensor, eps: float) -> None:
         self.weight = weight.to(torch.float32)
         self.eps = float(eps)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_normalize(x, self.weight, self.eps).to(torch.bfloat16)
+        return rms_normalize(x, self.weight, self.eps).to(self.act_dtype)
 
     def defer(self, x: torch.Tensor) -> "NormedInput":
         return NormedInput(x, self)
@@ -37,7 +39,7 @@ class NormedInput:
     """``norm(x)`` not yet evaluated. ``raw``: the BF16 input ``[M, K]``; ``value()``: BF16 ``norm(raw)``."""
 
     def __init__(self, raw: torch.Tensor, norm: RMSNorm) -> None:
-        self.raw = raw.to(torch.bfloat16).contiguous()
+        self.raw = raw.to(norm.act_dtype).contiguous()
         self.norm = norm
         self._value: torch.Tensor | None = None
 

@@ -14,6 +14,9 @@ from .swiglu import clamped_swiglu, overridden
 
 
 class SharedExpert:
+    # activation dtype between steps: BF16; the all-fp32 logic plan sets float32 (dsv4.model)
+    act_dtype: torch.dtype = torch.bfloat16
+
     def __init__(self, name: str, w13: Linear, w2: Linear, *, swiglu_limit: float) -> None:
         self.name = name
         self.w13, self.w2 = w13, w2
@@ -31,7 +34,7 @@ class SharedExpert:
         if self.fused():
             return self.w13(x, swiglu_limit=self.swiglu_limit)
         h = self.w13(x)
-        return self.swiglu(h[:, :self.inter], h[:, self.inter:]).to(torch.bfloat16)
+        return self.swiglu(h[:, :self.inter], h[:, self.inter:]).to(self.act_dtype)
 
     def __call__(self, x: torch.Tensor | NormedInput) -> torch.Tensor:
         return self.w2(self.activation(x))

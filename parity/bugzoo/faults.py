@@ -26,7 +26,7 @@ hash_routing_ignored               logic       0      router (ffn.router.topk_id
 
 Weight faults (scale layouts) re-read the stored weight from the checkpoint the model was built from
 and convert it to the format the patched layer already uses, so they act in every plan: in the
-logic column's all-bf16 plan they are load-time dequantization bugs.
+logic column's all-fp32 plan they are load-time dequantization bugs.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from dsv4.checkpoint import open_checkpoint
 from dsv4.checkpoint.formats import FP8_BLOCK, NVFP4, StoredWeight
-from dsv4.layers.linear import Bf16Weight, Fp4Linear, Fp4Weight, Fp8Weight, Linear
+from dsv4.layers.linear import Bf16Weight, Fp4Linear, Fp4Weight, Fp8Weight, Fp32Weight, Linear
 from dsv4.layers.rope import Rope
 from dsv4.numerics import fp8_block_dequantize, nvfp4_dequantize, nvfp4_quantize, unswizzle_scales
 from dsv4.weights import convert_rows, stack_bank, to_device
@@ -83,7 +83,7 @@ def _dense_fp32(lin: Linear) -> torch.Tensor:
         return nvfp4_dequantize(w.packed, w.scales, w.global_scale)
     if isinstance(w, Fp8Weight):
         return fp8_block_dequantize(w.weight, w.scale)
-    assert isinstance(w, Bf16Weight)
+    assert isinstance(w, (Bf16Weight, Fp32Weight))
     return w.weight.to(torch.float32)
 
 
@@ -114,7 +114,7 @@ def _with_tensor(sw: StoredWeight, role: str, t: torch.Tensor) -> StoredWeight:
 
 def _same_format_as(current: object, sws: list[StoredWeight], device: torch.device) -> object:
     """Convert stored weights (rows concatenated) to the format of ``current``, as the loader does."""
-    fmt = {Fp4Weight: "fp4", Fp8Weight: "fp8", Bf16Weight: "bf16"}[type(current)]
+    fmt = {Fp4Weight: "fp4", Fp8Weight: "fp8", Bf16Weight: "bf16", Fp32Weight: "fp32"}[type(current)]
     return convert_rows([to_device(sw, device) for sw in sws], fmt)[0]
 
 

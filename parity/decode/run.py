@@ -20,7 +20,7 @@ from ..logits_stats import PositionStats, position_stats
 from ..records import new_run_id
 from ..runner import DefaultLoaders, ModelLoaders, free_memory
 from ..source import CheckpointSource
-from ..threeway import LOGIC_PLAN, LOGIC_PROFILE
+from ..threeway import LOGIC_PLAN, LOGIC_PROFILE, LOGIC_REF_DTYPE
 
 DEFAULT_TOKENS = 300
 DEFAULT_MUTUAL_TOPK = 5
@@ -49,8 +49,9 @@ class DecodeSpec:
 
     @property
     def pair(self) -> str:
-        """``logic`` for the all-bf16 plan against the bf16 reference (BF16 noise only), else ``floor``."""
-        return "logic" if self.plan.name == LOGIC_PLAN and self.profile == LOGIC_PROFILE else "floor"
+        """``logic`` for the all-fp32 plan against the bf16-profile reference in FP32, else ``floor``."""
+        return ("logic" if self.plan.name == LOGIC_PLAN and self.profile == LOGIC_PROFILE
+                and self.ref_dtype == LOGIC_REF_DTYPE else "floor")
 
 
 @dataclass

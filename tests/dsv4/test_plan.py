@@ -23,9 +23,9 @@ def test_unknown_class_format_and_illegal_pair_are_rejected_with_expected_and_fo
     with pytest.raises(PlanError, match=r"unknown component class: expected one of .*found 'lm_haed'"):
         PrecisionPlan.from_dict({"components": {"lm_haed": "fp4"}})
     with pytest.raises(PlanError, match=r"class 'router': unknown format: expected one of \['fp4', 'fp8', "
-                                        r"'bf16'\], found 'int8'"):
+                                        r"'bf16', 'fp32'\], found 'int8'"):
         PrecisionPlan.from_dict({"components": {"router": "int8"}})
-    with pytest.raises(PlanError, match=r"class 'kv_cache': illegal format: expected one of \['fp8', 'bf16'\], "
+    with pytest.raises(PlanError, match=r"class 'kv_cache': illegal format: expected one of \['fp8', 'bf16', 'fp32'\], "
                                         r"found 'fp4'"):
         PrecisionPlan.from_dict({"base": "all-bf16", "components": {"kv_cache": "fp4"}})
     with pytest.raises(PlanError, match="plan base: expected one of"):
@@ -34,7 +34,11 @@ def test_unknown_class_format_and_illegal_pair_are_rejected_with_expected_and_fo
         PrecisionPlan.from_dict({"base": "default", "component": {}})
     with pytest.raises(PlanError, match="illegal format"):
         PrecisionPlan.preset("default").replace(kv_cache="fp4")
-    assert LEGAL_FORMATS["kv_cache"] == ("fp8", "bf16")
+    assert LEGAL_FORMATS["kv_cache"] == ("fp8", "bf16", "fp32")
+    # fp32 is the whole-model logic mode: never mixed with other formats
+    with pytest.raises(PlanError, match=r"fp32 is a whole-model mode .* found only \['router'\]"):
+        PrecisionPlan.preset("default").replace(router="fp32")
+    assert PrecisionPlan.preset("all-fp32").act_dtype == "fp32" and PrecisionPlan.preset("default").act_dtype == "bf16"
 
 
 def test_toml_round_trip_and_overrides():

@@ -136,10 +136,10 @@ _FP32 = ("ffn.router.logits", "ffn.router.weights", "attn.indexer.scores", "logi
 
 class FakeLoaders:
     """Reference = a noiseless FakeModel; native = the same weights plus noise for FP4 plans (none for
-    all-bf16), optionally with a fault. Counts what it built."""
+    the all-fp32 logic plan), optionally with a fault. Counts what it built."""
 
     def __init__(self, fingerprint: str, *, fp4_noise: float = 0.02, fault: tuple[int, str, float] | None = None,
-                 fault_plans: tuple[str, ...] = ("all-bf16", "default")) -> None:
+                 fault_plans: tuple[str, ...] = ("all-fp32", "default")) -> None:
         self.fingerprint, self.fp4_noise, self.fault, self.fault_plans = fingerprint, fp4_noise, fault, fault_plans
         self.built: list[str] = []
         self.models: list[FakeModel] = []
@@ -160,7 +160,7 @@ class FakeLoaders:
                device_map: Mapping[Any, str] | None) -> FakeModel:
         name = getattr(plan, "name", str(plan))
         self.built.append(f"native:{name}/{backend}")
-        noise = 0.0 if name == "all-bf16" else self.fp4_noise
+        noise = 0.0 if name == "all-fp32" else self.fp4_noise
         m = FakeModel(self._config(path), self.fingerprint, noise=noise,
                       fault=self.fault if name in self.fault_plans else None)
         self.models.append(m)

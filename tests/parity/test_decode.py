@@ -83,10 +83,11 @@ class _DropDecodeHCA(DefaultLoaders):
 
 
 def test_teacher_forcing_catches_a_decode_only_hca_bug_from_the_first_new_entry(tmp_path: Path) -> None:
-    args = ["--plan", "all-bf16", "--tokens", TOKENS, "--prompt", "chat-capital", "--probe-steps", "none"]
+    args = ["--plan", "all-fp32", "--ref-dtype", "fp32", "--tokens", TOKENS, "--prompt", "chat-capital",
+            "--probe-steps", "none"]
     clean, bad = tmp_path / "clean.jsonl", tmp_path / "bad.jsonl"
     rc, out = _run(args + ["--records", str(clean)])
-    assert rc == 0, out                                      # logic pair: BF16 noise only
+    assert rc == 0, out                                      # logic pair: FP32 summation order only
     rc, out = _run(args + ["--records", str(bad)], _DropDecodeHCA())
     assert rc == 1, out
     assert "kl_mean" in out and "pair=logic" in out

@@ -17,18 +17,18 @@ def test_columns_build_one_model_at_a_time_and_record_each_pair(tiny, chat_promp
     spec = RunSpec(source=tiny, prompts=chat_prompts, plan=PrecisionPlan.preset("default"), profile="official")
     res = run_threeway(spec, fake_loaders)
     # logic is anchored by bf16 whatever --profile says; floor by the requested profile
-    assert fake_loaders.built == ["reference:bf16", "native:all-bf16/emulated", "reference:official",
+    assert fake_loaders.built == ["reference:bf16", "native:all-fp32/emulated", "reference:official",
                                   "native:default/emulated"]
     df = to_frame(res.records)
     assert set(df["pair"]) == {"logic", "floor"}
     logic, floor = df[df["pair"] == "logic"], df[df["pair"] == "floor"]
     assert set(logic["profile"]) == {"bf16"} and set(floor["profile"]) == {"official"}
-    assert set(logic["plan"]) == {"all-bf16"} and set(floor["plan"]) == {"default"}
+    assert set(logic["plan"]) == {"all-fp32"} and set(floor["plan"]) == {"default"}
     assert set(df["compare_mode"]) == {"propagated", "isolated"}
     assert {"*"} < set(df["prompt_id"])   # run-level aggregates beside the per-prompt rows
     assert not res.columns["bug_budget"].ran
     assert res.columns["bug_budget"].reason.startswith("no kernel backend executes on cpu")
-    # logic column: all-bf16 fakes have no noise, so the logits agree exactly
+    # logic column: all-fp32 fakes have no noise, so the logits agree exactly
     kl = logic[(logic["metric"] == "kl_mean") & (logic["prompt_id"] == "*")]["value"]
     assert (kl == 0).all()
 

@@ -75,7 +75,8 @@ def test_study_separates_misattribution_from_a_caught_bug(tmp_path, tiny, prompt
     assert not mis["logic_flags"]
     assert mis["excess_kl"] > 2 * mis["excess_kl_se"] > 0
     assert mis["rescue_fixes"] == ["lm_head"]
-    assert "all-bf16" in mis["not_applicable_plans"] and rescue_head.name in mis["not_applicable_plans"]
+    # the FP4-only fault patches neither the FP32 logic model nor the plan with a BF16 head
+    assert "all-fp32" in mis["not_applicable_plans"] and rescue_head.name in mis["not_applicable_plans"]
     assert mis["verdict"] == "misattributed" and "lm_head" in mis["blamed"]
 
     assert caught["logic_flags"] and caught["logic_divergence"]

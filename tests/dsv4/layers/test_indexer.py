@@ -40,7 +40,8 @@ def test_mask_and_select_give_ascending_valid_ids_then_minus_one():
 
 def test_qk_treatment_comes_from_the_plan():
     x = rand(3, 2, 128, seed=5).to(torch.bfloat16)
-    assert INDEXER_QK_TREATMENT == {"fp4": "hadamard+fp4", "fp8": "hadamard+fp4", "bf16": "none"}
+    assert INDEXER_QK_TREATMENT == {"fp4": "hadamard+fp4", "fp8": "hadamard+fp4", "bf16": "none",
+                                    "fp32": "none"}
     torch.testing.assert_close(QK_TREATMENTS["hadamard+fp4"](x), fp4_fake_quantize_pow2(hadamard_transform(x), 32))
     assert torch.equal(QK_TREATMENTS["none"](x), x)
     ix = build_attention(4, qk="hadamard+fp4").indexer
