@@ -39,32 +39,39 @@ def gamma(n: int, u: float = U_ACC) -> float:
 
 
 def half_ulp_bf16(x: torch.Tensor) -> torch.Tensor:
-    """Half a BF16 ulp at ``|x|`` (float64), 0 at 0: the most a correctly rounded BF16 cast moves a value."""
-    a = x.abs().to(torch.float64)
-    _, ex = torch.frexp(a)                        # a = m 2^ex, m in [0.5, 1): floor(log2 a) = ex - 1
-    e = torch.clamp(ex.to(torch.float64) - 1, min=-126)
-    h = torch.pow(2.0, e - 8)
+    """Half a BF16 ulp at ``|x|`` (float32), 0 at 0: the most a correctly rounded BF16 cast moves a value.
+    The power of two of ``|x|``'s binade comes straight from its FP32 exponent bits (a value rounded up
+    into the next binade only loosens the bound); below the normal range the BF16 quantum is 2^-133."""
+    a = x.abs().to(torch.float32)
+    binade = (a.view(torch.int32) & 0x7F800000).view(torch.float32)     # 2^floor(log2 a), 0 for subnormals
+    h = torch.clamp(binade, min=2.0 ** -126) * 2.0 ** -8
     return torch.where(a > 0, h, torch.zeros_like(h))
+
+
+# The bounds are themselves computed in FP32: a relative slack far above FP32's 2^-24 covers their own
+# rounding, so an element exactly at its bound is never misjudged by the bound's arithmetic.
+BOUND_SLACK = 1.0 + 2.0 ** -16
 
 
 def accumulation_bound(k: int, abs_acc: torch.Tensor) -> torch.Tensor:
     """Kernel vs oracle FP32 accumulation of K exact products with ``S = abs_acc``. ``abs_acc`` is itself
     an FP32 sum of non-negative terms, low by at most gamma_K relative, hence the (1 + gamma) factor."""
     g = gamma(k + 1)
-    return 2.0 * g * (1.0 + g) * abs_acc.to(torch.float64)
+    return (2.0 * g * (1.0 + g) * BOUND_SLACK) * abs_acc.to(torch.float32)
 
 
 def swiglu_bound(pre: torch.Tensor, err: torch.Tensor, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The oracle's SwiGLU output (float64) and its bound from the pre-activation error ``err``."""
+    """The oracle's SwiGLU output (FP32) and its bound from the pre-activation error ``err`` (the
+    oracle's own FP32 epilogue rounding is inside EPILOGUE_REL, which covers both sides)."""
     n = pre.shape[-1] // 2
-    g, u = pre[..., :n].to(torch.float64), pre[..., n:].to(torch.float64)
+    g, u = pre[..., :n].to(torch.float32), pre[..., n:].to(torch.float32)
     eg, eu = err[..., :n], err[..., n:]
     gc = torch.clamp(g, max=limit)
     uc = torch.clamp(u, min=-limit, max=limit)
     silu = gc * torch.sigmoid(gc)
     out = silu * uc
-    bound = SILU_LIPSCHITZ * eg * (uc.abs() + eu) + silu.abs() * eu + EPILOGUE_REL * out.abs()
-    return out, bound
+    bound = SILU_LIPSCHITZ * eg * (uc.abs() + eu) + silu.abs() * eu + (2 * EPILOGUE_REL) * out.abs()
+    return out, bound * BOUND_SLACK
 
 
 def rmsnorm_delta(k: int) -> float:
