@@ -319,26 +319,33 @@ class NativeModel:
                 f"act_scale={self.act_scale!r})")
 
 
-def set_act_dtype(root: Any, dtype: torch.dtype) -> None:
-    """Set ``act_dtype`` on every layer object under ``root`` that declares one (the classes default to
-    BF16; the all-fp32 logic plan computes everything in FP32)."""
+def layer_objects(root: Any) -> list[Any]:
+    """Every layer object under ``root`` (blocks, head, their linears, norms, caches' formats), each once,
+    depth first in model order; tensors, scalars and the shared dispatchers are not descended into."""
     seen: set[int] = set()
+    out: list[Any] = []
     todo = [root]
     while todo:
         obj = todo.pop()
-        if id(obj) in seen or isinstance(obj, (torch.Tensor, str, int, float, type)) or obj is None:
+        if obj is None or id(obj) in seen or isinstance(obj, (torch.Tensor, str, int, float, type, Dispatcher)):
             continue
         seen.add(id(obj))
         if isinstance(obj, (list, tuple)):
-            todo.extend(obj)
-            continue
-        if isinstance(obj, dict):
-            todo.extend(obj.values())
-            continue
+            todo.extend(reversed(obj))
+        elif isinstance(obj, dict):
+            todo.extend(reversed(list(obj.values())))
+        elif hasattr(obj, "__dict__"):
+            out.append(obj)
+            todo.extend(reversed(list(vars(obj).values())))
+    return out
+
+
+def set_act_dtype(root: Any, dtype: torch.dtype) -> None:
+    """Set ``act_dtype`` on every layer object under ``root`` that declares one (the classes default to
+    BF16; the all-fp32 logic plan computes everything in FP32)."""
+    for obj in layer_objects(root):
         if hasattr(type(obj), "act_dtype"):
             obj.act_dtype = dtype
-        if hasattr(obj, "__dict__") and not isinstance(obj, Dispatcher):
-            todo.extend(vars(obj).values())
 
 
 def resolve_checkpoint(path_or_preset: str | Path) -> Path:

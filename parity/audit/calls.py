@@ -91,7 +91,7 @@ def _compare(check: CallCheck, where: list[str], expected: torch.Tensor, got: to
 
 
 # ---- GEMM ------------------------------------------------------------------------------------------
-def _linear_scales(op: FP4Operand, rows: int | None = None, groups: int = 1) -> torch.Tensor:
+def linear_scales(op: FP4Operand, rows: int | None = None, groups: int = 1) -> torch.Tensor:
     """Scales ``[rows, K/16]`` in the linear layout (swizzled operands unswizzled, per group)."""
     if op.scale_layout == "linear":
         return op.scales
@@ -102,7 +102,7 @@ def _linear_scales(op: FP4Operand, rows: int | None = None, groups: int = 1) -> 
 
 
 def _dequant(op: FP4Operand, groups: int = 1) -> torch.Tensor:
-    return nvfp4_dequantize(op.packed, _linear_scales(op, groups=groups), 1.0)
+    return nvfp4_dequantize(op.packed, linear_scales(op, groups=groups), 1.0)
 
 
 def _gemm_expected(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, k: int, swiglu_limit: float | None
@@ -139,7 +139,7 @@ def audit_grouped(req: GroupedGemmRequest, got: torch.Tensor) -> CallCheck:
         return check
     a = _dequant(req.a)
     n = req.n_per_expert
-    b_all = nvfp4_dequantize(req.b.packed, _linear_scales(req.b, groups=req.num_experts), 1.0)
+    b_all = nvfp4_dequantize(req.b.packed, linear_scales(req.b, groups=req.num_experts), 1.0)
     offsets = req.offsets.to("cpu").tolist()
     for e in range(req.num_experts):
         lo, hi = offsets[e], offsets[e + 1]
@@ -187,12 +187,12 @@ def audit_quant(req: ActQuantRequest, got: FP4Operand) -> CallCheck:
         _compare(check, ["global_scale"], g_o.reshape(1), g_k.reshape(1), (delta * g_o.abs()).reshape(1))
     if not bool(torch.isfinite(g_k)) or float(g_k) <= 0:
         return check          # nothing below can be judged on a broken global scale
-    s_k = e4m3_decode(_linear_scales(got, rows=m).reshape(m, k // 16))
+    s_k = e4m3_decode(linear_scales(got, rows=m).reshape(m, k // 16))
     codes_k = e2m1_decode(unpack_nibbles(got.packed)).reshape(m, k)
     if delta == 0:
         _, s_o_t, _ = nvfp4_quantize(y, g_k, recipe=req.recipe)
         _compare(check, ["scales", "row ", "block "], e4m3_decode(s_o_t), s_k, torch.zeros_like(s_k))
-        p_o, _, _ = nvfp4_quantize(y, g_k, block_scale=_linear_scales(got, rows=m).reshape(m, k // 16),
+        p_o, _, _ = nvfp4_quantize(y, g_k, block_scale=linear_scales(got, rows=m).reshape(m, k // 16),
                                    recipe=req.recipe)
         codes_o = e2m1_decode(unpack_nibbles(p_o)).reshape(m, k)
         _compare(check, ["codes", "row ", "k "], codes_o, codes_k, torch.zeros_like(codes_k))

@@ -24,8 +24,10 @@ from dsv4.checkpoint.formats import NVFP4, StoredWeight, WeightFormat
 from dsv4.kernels.contract import FP4Operand, GemmRequest, GroupedGemmRequest
 from dsv4.layers.grouped_linear import Fp4GroupedLinear
 from dsv4.layers.linear import Fp4Linear
-from dsv4.numerics import swizzled_numel, unswizzle_scales
+from dsv4.numerics import swizzled_numel
 from reference.dequant import dequant_nvfp4
+
+from .calls import linear_scales
 
 CHUNK_ROWS = 1024
 _E2M1_ONE = 2          # code of +1.0
@@ -79,30 +81,11 @@ def weight_records(wa: WeightAudit, ctx: Any, pair: str, prompt_mode: str) -> li
 
 
 def fp4_modules(model: Any) -> list[Fp4Linear | Fp4GroupedLinear]:
-    """Every NVFP4 linear the model computes with, in model order (found by walking its objects)."""
-    found: list[Any] = []
-    seen: set[int] = set()
+    """Every NVFP4 linear the model computes with, in model order."""
+    from dsv4.model import layer_objects
 
-    def walk(obj: Any, depth: int) -> None:
-        if id(obj) in seen or depth > 8:
-            return
-        seen.add(id(obj))
-        if isinstance(obj, (Fp4Linear, Fp4GroupedLinear)):
-            found.append(obj)
-            return
-        if isinstance(obj, (list, tuple)):
-            for x in obj:
-                walk(x, depth + 1)
-        elif isinstance(obj, dict):
-            for x in obj.values():
-                walk(x, depth + 1)
-        elif hasattr(obj, "__dict__") and not isinstance(obj, (torch.Tensor, type)):
-            for x in vars(obj).values():
-                walk(x, depth + 1)
-
-    walk(getattr(model, "blocks", []), 0)      # the native model's layers, then its head
-    walk(getattr(model, "head_module", None), 0)
-    return found
+    return [o for o in layer_objects([getattr(model, "blocks", []), getattr(model, "head_module", None)])
+            if isinstance(o, (Fp4Linear, Fp4GroupedLinear))]
 
 
 def identity_operand(rows: range, k: int, device: torch.device) -> FP4Operand:
@@ -120,10 +103,6 @@ def _reference_view(packed: torch.Tensor, scales: torch.Tensor, g: torch.Tensor,
     sw = StoredWeight({"weight": packed, "weight_scale": scales, "weight_scale_2": g.reshape(())},
                       WeightFormat(NVFP4, (n, k), "U8", (1, 16), "F8_E4M3"))
     return dequant_nvfp4(sw)
-
-
-def _linear_scales(scales: torch.Tensor, layout: str, rows: int, k: int) -> torch.Tensor:
-    return scales if layout == "linear" else unswizzle_scales(scales, rows, k // 16)
 
 
 def _experts(mod: Any) -> Iterator[tuple[int | None, FP4Operand]]:
@@ -171,7 +150,7 @@ def audit_weights(model: Any, backend: Any | None = None, *, chunk_rows: int = C
         grouped = isinstance(mod, Fp4GroupedLinear)
         for expert, w in _experts(mod):
             n, k = w.rows, w.k
-            scales = _linear_scales(w.scales, w.scale_layout, n, k)
+            scales = linear_scales(w)
             g1 = torch.ones((), dtype=torch.float32, device=w.device)
             passes = (("codes*scales (global 1.0)", FP4Operand(w.packed, w.scales, g1, k=k, scale_layout=w.scale_layout)),
                       ("with global scale", w))

@@ -45,20 +45,14 @@ from dsv4.numerics import fp8_block_dequantize, nvfp4_dequantize, nvfp4_quantize
 from dsv4.weights import convert_rows, stack_bank, to_device
 
 from .backends import kernel_fault, swap_backend, unclamped_sigmoid_epilogue
-from .registry import FaultTargetError, patched, register_fault
+from .registry import FaultTargetError, block_of, patched, register_fault
 
 UNCLAMPED_SIGMOID_BACKEND = kernel_fault("bugzoo-emulated-unclamped-sigmoid", unclamped_sigmoid_epilogue)
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-def _block(model: Any, layer: int) -> Any:
-    if not 0 <= layer < len(model.blocks):
-        raise FaultTargetError(f"layer {layer}: the model has layers 0..{len(model.blocks) - 1}")
-    return model.blocks[layer]
-
-
 def _attention_part(model: Any, layer: int, part: str) -> Any:
-    obj = getattr(_block(model, layer).attention, part)
+    obj = getattr(block_of(model, layer).attention, part)
     if obj is None:
         kind = model.config.layer_kind(layer)
         raise FaultTargetError(f"layer {layer} ({kind}) has no {part}; pick a layer that has one")
@@ -172,14 +166,14 @@ def _clamp_after_silu(expert: Any) -> contextlib.AbstractContextManager[None]:
                 description="Routed experts clamp silu(gate) to the SwiGLU limit instead of clamping the gate "
                             "before the SiLU (spec §9 step 5).")
 def swiglu_clamp_after_silu_routed(model: Any) -> Iterator[None]:
-    with _clamp_after_silu(_block(model, 2).moe):
+    with _clamp_after_silu(block_of(model, 2).moe):
         yield
 
 
 @register_fault("swiglu_clamp_after_silu_shared", layer=1, component="shared_expert", column="logic",
                 description="The shared expert clamps silu(gate) instead of the gate (spec §9 step 6).")
 def swiglu_clamp_after_silu_shared(model: Any) -> Iterator[None]:
-    with _clamp_after_silu(_block(model, 1).moe.shared):
+    with _clamp_after_silu(block_of(model, 1).moe.shared):
         yield
 
 
@@ -205,7 +199,7 @@ def lm_head_fp4(model: Any) -> Iterator[None]:
                 description="The router gate of a score-routed layer computes in NVFP4 while the plan keeps "
                             "it in BF16 (FP32 logits).")
 def router_gate_fp4(model: Any) -> Iterator[None]:
-    with _as_fp4(model, _block(model, 3).moe.router, "gate", model.device_map[3]):
+    with _as_fp4(model, block_of(model, 3).moe.router, "gate", model.device_map[3]):
         yield
 
 
@@ -233,7 +227,7 @@ def indexer_rope_v32_layout(model: Any) -> Iterator[None]:
 def fp8_scale_grid_transposed(model: Any) -> Iterator[None]:
     # Layer 1: in the tiny seed-0 checkpoint its 2x2 grid is asymmetric (layer 0's is symmetric, where
     # the bug would be invisible); another checkpoint with a symmetric grid gets a clear error.
-    lin = _block(model, 1).attention.wo_b
+    lin = block_of(model, 1).attention.wo_b
     sw = _stored(model, "attn.wo_b", 1)
     if sw.fmt.kind != FP8_BLOCK:
         raise FaultTargetError(f"layers.1.attn.wo_b: expected an FP8 block weight in the checkpoint, found "
@@ -251,7 +245,7 @@ def fp8_scale_grid_transposed(model: Any) -> Iterator[None]:
                 description="The routed experts' NVFP4 block scales (stored linear) are read as if 32_4_4 "
                             "swizzled at load.")
 def nvfp4_scales_read_swizzled(model: Any) -> Iterator[None]:
-    moe = _block(model, 1).moe
+    moe = block_of(model, 1).moe
     dev = torch.device(model.device_map[1])
     reader = open_checkpoint(model.checkpoint_path)
 
@@ -275,7 +269,7 @@ def nvfp4_scales_read_swizzled(model: Any) -> Iterator[None]:
 @register_fault("attention_sink_dropped", layer=0, component="attention", column="logic",
                 description="The attention softmax drops the learned sink from its denominator (spec §5 step 5).")
 def attention_sink_dropped(model: Any) -> Iterator[None]:
-    attn = _block(model, 0).attention
+    attn = block_of(model, 0).attention
 
     def softmax(scores: torch.Tensor, valid: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
         return torch.softmax(scores.masked_fill(~valid[None], float("-inf")), dim=-1)
@@ -289,7 +283,7 @@ def attention_sink_dropped(model: Any) -> Iterator[None]:
                             "(spec §9 step 4); the router.weights probe carries the factor, so the router "
                             "localizes it.")
 def routed_scaling_factor_dropped(model: Any) -> Iterator[None]:
-    router = _block(model, 2).moe.router
+    router = block_of(model, 2).moe.router
 
     def weigh(scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         w = scores.gather(-1, ids)
@@ -302,7 +296,7 @@ def routed_scaling_factor_dropped(model: Any) -> Iterator[None]:
 @register_fault("hash_routing_ignored", layer=0, component="router", column="logic",
                 description="A hash-routed layer selects experts by score top-k instead of tid2eid[token].")
 def hash_routing_ignored(model: Any) -> Iterator[None]:
-    router = _block(model, 0).moe.router
+    router = block_of(model, 0).moe.router
     if not hasattr(router, "tid2eid"):
         raise FaultTargetError("layer 0: expected a hash-routed layer")
 

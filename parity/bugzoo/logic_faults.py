@@ -24,20 +24,14 @@ import torch
 from dsv4.layers.rope import Rope
 from dsv4.numerics import fp8_act_dequantize
 
-from .registry import FaultTargetError, patched, register_fault
-
-
-def _block(model: Any, layer: int) -> Any:
-    if not 0 <= layer < len(model.blocks):
-        raise FaultTargetError(f"layer {layer}: the model has layers 0..{len(model.blocks) - 1}")
-    return model.blocks[layer]
+from .registry import FaultTargetError, block_of, patched, register_fault
 
 
 @register_fault("attention_inverse_rope_dropped", layer=0, component="attention", column="logic",
                 description="The attention output's rope dims are not rotated back (the inverse RoPE of spec "
                             "§5 step 6 skipped), so wo_a reads position-rotated values.")
 def attention_inverse_rope_dropped(model: Any) -> Iterator[None]:
-    attn = _block(model, 0).attention
+    attn = block_of(model, 0).attention
     original = attn.apply_rope
 
     def apply_rope(t: torch.Tensor, positions: torch.Tensor, *, inverse: bool = False) -> torch.Tensor:
@@ -51,7 +45,7 @@ def attention_inverse_rope_dropped(model: Any) -> Iterator[None]:
                 description="The lightning indexer keeps index_topk + 1 entries per query (a <= where < "
                             "belongs): the selection has the wrong size, a judgement of its own, not a crash.")
 def indexer_topk_off_by_one(model: Any) -> Iterator[None]:
-    attn = _block(model, 1).attention
+    attn = block_of(model, 1).attention
     indexer = getattr(attn, "indexer", None)
     if indexer is None:
         raise FaultTargetError(f"layer 1 ({model.config.layer_kind(1)}) has no indexer")
@@ -64,7 +58,7 @@ def indexer_topk_off_by_one(model: Any) -> Iterator[None]:
                 description="The FP8 KV cache decodes its UE8M0 scales as 2^(b - 126) instead of 2^(b - 127) "
                             "(an exponent bias off by one): every stored nope value reads back twice as large.")
 def kv_cache_fp8_scale_exponent_off_by_one(model: Any) -> Iterator[None]:
-    storage = _block(model, 0).attention.kv_storage
+    storage = block_of(model, 0).attention.kv_storage
     if storage.fmt != "fp8":
         raise FaultTargetError(f"layer 0 kv_cache is {storage.fmt!r} in plan {model.plan.name!r}; the fault needs fp8")
 
@@ -80,7 +74,7 @@ def kv_cache_fp8_scale_exponent_off_by_one(model: Any) -> Iterator[None]:
                 description="mHC post mixes the streams with the transposed Sinkhorn matrix (X'_k = sum_j "
                             "C[k, j] X_j instead of C[j, k]; spec §4 step 6 contracts over the first index).")
 def mhc_comb_transposed(model: Any) -> Iterator[None]:
-    hc = _block(model, 1).hc_attn
+    hc = block_of(model, 1).hc_attn
     original = hc.post
 
     def post(f: torch.Tensor, X: torch.Tensor, p: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
@@ -94,7 +88,7 @@ def mhc_comb_transposed(model: Any) -> Iterator[None]:
                 description="A compressed (CSA) layer rotates q/k with compress_rope_theta but without the YaRN "
                             "frequency ramp of spec §11 (the window layers' plain RoPE on every layer).")
 def yarn_dropped_on_compressed_layer(model: Any) -> Iterator[None]:
-    attn = _block(model, 1).attention
+    attn = block_of(model, 1).attention
     r = model.config.qk_rope_head_dim
     plain = 1.0 / (model.config.compress_rope_theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r))  # BUG: no ramp
     with patched(attn, "rope", Rope(plain.to(attn.rope.omega.device), attn.rope.dim)):

@@ -110,6 +110,13 @@ def check_native(model: Any, fault: str = "fault") -> None:
                                f"{type(model).__name__} with side {side!r}; faults never patch the reference")
 
 
+def block_of(model: Any, layer: int) -> Any:
+    """``model.blocks[layer]``, or a FaultTargetError naming the layers the model has."""
+    if not 0 <= layer < len(model.blocks):
+        raise FaultTargetError(f"layer {layer}: the model has layers 0..{len(model.blocks) - 1}")
+    return model.blocks[layer]
+
+
 def register_fault(name: str, *, layer: int | None, component: str, column: str, description: str,
                    localization: tuple[str, ...] | None = None, backend: KernelFault | None = None,
                    modes: tuple[str, ...] = ("isolated",), replace: bool = False
