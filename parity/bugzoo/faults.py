@@ -86,6 +86,9 @@ def _as_fp4(model: Any, owner: Any, attr: str, device: str) -> Iterator[None]:
     """Replace ``owner.attr`` (a linear) by an NVFP4 W4A4 linear over the same weight: the precision
     mistake of computing a class in FP4 that the plan keeps in higher precision."""
     lin: Linear = getattr(owner, attr)
+    if lin.fmt == "fp32":   # the FP32 logic model has no NVFP4 path: a precision mistake does not apply there
+        raise FaultTargetError(f"{lin.name}: fp32 in plan {model.plan.name!r} (the FP32 logic column); an NVFP4 "
+                               f"precision fault does not apply")
     if lin.fmt == "fp4":
         raise FaultTargetError(f"{lin.name}: already fp4 in plan {model.plan.name!r}; the fault would change nothing")
     packed, scales, g = nvfp4_quantize(_dense_fp32(lin))

@@ -34,3 +34,17 @@ def test_default_plan_still_computes_in_bf16(tiny) -> None:
     native = load_model(str(tiny.path), plan="default", backend="emulated")
     out = run_propagated(native, torch.arange(1, 9))
     assert native.act_dtype == torch.bfloat16 and out.probes["layers.0.out"].dtype == torch.bfloat16
+
+
+def test_precision_faults_do_not_apply_to_the_fp32_logic_model(tiny) -> None:
+    """An NVFP4 precision mistake has no meaning in the FP32 logic model: a clear FaultTargetError (the
+    attribution study records the plan as not applicable), not a kernel-contract crash."""
+    import pytest
+
+    from parity.bugzoo import FaultTargetError, get_fault
+
+    native = load_model(str(tiny.path), plan=LOGIC_PLAN, backend="emulated")
+    for name in ("lm_head_fp4", "router_gate_fp4"):
+        with pytest.raises(FaultTargetError, match="fp32 in plan 'all-fp32'"):
+            with get_fault(name)(native):
+                pass
