@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from .config_keys import ALLOW_ENV, allow_unknown_default, screen_hf_keys
+
 
 class ConfigError(ValueError):
     """An invalid or inconsistent configuration; the message names the key, expected and found."""
@@ -77,6 +79,14 @@ class DSV4Config:
     dtype: str = "fp8"
     expert_dtype: str | None = "fp4"
     quantization_config: Mapping[str, Any] | None = field(default=None, compare=False)
+    # DSpark draft of the 0731/0813 releases (dspark.md §2); block size 0 = no DSpark (April NextN MTP).
+    # Its stages are the trailing compress_ratios entries (mtp_compress_ratios), all 0 (window only).
+    dspark_block_size: int = 0
+    dspark_noise_token_id: int = 0
+    dspark_target_layer_ids: tuple[int, ...] = ()
+    dspark_markov_rank: int = 0
+    # Keys of the source config that were ignored on the user's explicit opt-in (provenance).
+    ignored_keys: tuple[str, ...] = field(default=(), compare=False)
 
     # ---- validation -------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -120,6 +130,31 @@ class DSV4Config:
         need(0 <= self.bos_token_id < self.vocab_size and 0 <= self.eos_token_id < self.vocab_size,
              "bos_token_id/eos_token_id", f"ids < vocab_size {self.vocab_size}",
              (self.bos_token_id, self.eos_token_id))
+
+        if self.dspark_block_size:
+            self._check_dspark(need)
+
+    def _check_dspark(self, need: Any) -> None:
+        L = self.num_hidden_layers
+        need(isinstance(self.dspark_block_size, int) and self.dspark_block_size > 0, "dspark_block_size",
+             "a positive int", self.dspark_block_size)
+        need(0 <= self.dspark_noise_token_id < self.vocab_size, "dspark_noise_token_id",
+             f"an id < vocab_size {self.vocab_size}", self.dspark_noise_token_id)
+        ids = self.dspark_target_layer_ids
+        need(len(ids) > 0 and all(isinstance(i, int) and 0 <= i < L for i in ids) and len(set(ids)) == len(ids),
+             "dspark_target_layer_ids", f"distinct layer ids in 0..{L - 1}", list(ids))
+        need(isinstance(self.dspark_markov_rank, int) and self.dspark_markov_rank > 0, "dspark_markov_rank",
+             "a positive int", self.dspark_markov_rank)
+        need(len(self.mtp_compress_ratios) >= 1 and all(r == 0 for r in self.mtp_compress_ratios),
+             "compress_ratios (DSpark stage entries)",
+             "one 0 per stage after the main layers (the stages are window-only, dspark.md §2.1)",
+             list(self.mtp_compress_ratios))
+
+    @property
+    def dspark_stages(self) -> int:
+        """Number of DSpark stages (mtp.0..), 0 without DSpark. Counted from the trailing
+        compress_ratios entries; num_nextn_predict_layers is vestigial in 0731 (dspark.md §2.1)."""
+        return len(self.mtp_compress_ratios) if self.dspark_block_size else 0
 
     # ---- derived quantities -----------------------------------------------------------------
     @property
@@ -209,11 +244,18 @@ class DSV4Config:
         if (self.csa_ratio, self.hca_ratio) != (4, 128):
             d["compress_rates"] = {"compressed_sparse_attention": self.csa_ratio,
                                    "heavily_compressed_attention": self.hca_ratio}
+        if self.dspark_block_size:
+            d.update(self._dspark_dict())
         if self.dtype == "fp8":
             d["quantization_config"] = dict(self.quantization_config or {
                 "quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
                 "activation_scheme": "dynamic", "weight_block_size": [128, 128]})
         return d
+
+    def _dspark_dict(self) -> dict[str, Any]:
+        return {"dspark_block_size": self.dspark_block_size, "dspark_noise_token_id": self.dspark_noise_token_id,
+                "dspark_target_layer_ids": list(self.dspark_target_layer_ids),
+                "dspark_markov_rank": self.dspark_markov_rank}
 
     def to_transformers_dict(self) -> dict[str, Any]:
         """The transformers-5.x form (b), as ``DeepseekV4Config(**d)`` accepts it."""
@@ -242,22 +284,33 @@ class DSV4Config:
 
     # ---- parsing ----------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], name: str = "custom") -> "DSV4Config":
-        """Parse any of the three forms; the form is detected from its keys."""
+    def from_dict(cls, d: Mapping[str, Any], name: str = "custom", *,
+                  allow_unknown: bool | None = None) -> "DSV4Config":
+        """Parse any of the three forms; the form is detected from its keys. An unknown key is an
+        error unless ``allow_unknown`` (default: env ``DSV4_ALLOW_UNKNOWN_CONFIG_KEYS``); ignored keys
+        are recorded in ``ignored_keys``."""
         if not isinstance(d, Mapping):
             raise ConfigError(f"config '{name}': expected a JSON object, found {type(d).__name__}")
         if "dim" in d and "n_layers" in d:
-            return _from_official(d, name)
-        if "layer_types" in d or "rope_parameters" in d or "mlp_layer_types" in d:
-            return _from_transformers(d, name)
-        if "hidden_size" in d:
-            return _from_hf(d, name)
+            c = _from_official(d, name, allow_unknown)
+        elif "hidden_size" in d:
+            ignored = screen_hf_keys(d, name, allow_unknown, ConfigError)
+            if "layer_types" in d or "rope_parameters" in d or "mlp_layer_types" in d:
+                c = _from_transformers(d, name)
+            else:
+                c = _from_hf(d, name)
+            c = dataclasses.replace(c, ignored_keys=ignored) if ignored else c
+        else:
+            raise ConfigError(f"config '{name}': expected an HF config (hidden_size), a transformers-5.x config "
+                              f"(layer_types) or an official ModelArgs config (dim, n_layers); found keys "
+                              f"{sorted(d)[:12]}")
+        return c
         raise ConfigError(f"config '{name}': expected an HF config (hidden_size), a transformers-5.x config "
                           f"(layer_types) or an official ModelArgs config (dim, n_layers); found keys "
                           f"{sorted(d)[:12]}")
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "DSV4Config":
+    def from_json(cls, path: str | Path, *, allow_unknown: bool | None = None) -> "DSV4Config":
         p = Path(path)
         try:
             d = json.loads(p.read_text())
@@ -265,7 +318,7 @@ class DSV4Config:
             raise ConfigError(f"config file {p}: expected a file, found nothing") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"config file {p}: expected valid JSON, found a syntax error: {e}") from None
-        return cls.from_dict(d, name=p.parent.name or p.name)
+        return cls.from_dict(d, name=p.parent.name or p.name, allow_unknown=allow_unknown)
 
 
 # ---- form-specific readers ------------------------------------------------------------------------
@@ -343,7 +396,9 @@ def _common_hf(d: Mapping[str, Any], name: str) -> dict[str, Any]:
 def _storage_dtypes(d: Mapping[str, Any]) -> dict[str, Any]:
     q = d.get("quantization_config")
     expert_dtype = d.get("expert_dtype", (q or {}).get("expert_dtype") if isinstance(q, Mapping) else None)
-    if q:
+    if q and isinstance(q, Mapping) and q.get("quant_method") == "compressed-tensors":
+        dtype, expert_dtype = "bf16", None   # NVFP4 or BF16 per tensor; no FP8 trunk
+    elif q:
         dtype = "fp8"
         expert_dtype = expert_dtype or "fp4"
     else:
@@ -351,14 +406,35 @@ def _storage_dtypes(d: Mapping[str, Any]) -> dict[str, Any]:
     return dict(dtype=dtype, expert_dtype=expert_dtype, quantization_config=dict(q) if q else None)
 
 
+# rope types transformers writes that DeepSeek-V4 cannot express: its compressed layers use YaRN or
+# nothing (spec §11; OFF-M disables YaRN with original_seq_len 0), its window layers plain RoPE.
+_ROPE_REFUSED = ("linear", "dynamic", "longrope", "llama3", "su", "mrope")
+
+
 def _yarn_from(rs: Mapping[str, Any] | None, name: str) -> dict[str, Any]:
     rs = rs or {}
     kind = rs.get("type", rs.get("rope_type", "yarn" if rs else None))
+    if kind == "default":   # transformers' "no scaling": YaRN off, as the official original_seq_len=0
+        return dict(rope_factor=1.0, original_seq_len=0, beta_fast=32.0, beta_slow=1.0)
     if rs and kind != "yarn":
-        raise ConfigError(f"config '{name}': rope_scaling.type: expected 'yarn', found {kind!r}")
+        why = " (a scaling DeepSeek-V4 does not define)" if kind in _ROPE_REFUSED else ""
+        raise ConfigError(f"config '{name}': rope_scaling.type: expected 'yarn' or 'default', found {kind!r}{why}")
     return dict(rope_factor=float(rs.get("factor", 16.0)),
                 original_seq_len=int(rs.get("original_max_position_embeddings", 65536)),
                 beta_fast=float(rs.get("beta_fast", 32.0)), beta_slow=float(rs.get("beta_slow", 1.0)))
+
+
+def _dspark_from(d: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The four ``dspark_*`` keys (same names in both config forms, dspark.md §2.1), type-checked."""
+    if not d.get("dspark_block_size"):
+        return {}
+    ids = d.get("dspark_target_layer_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ConfigError(f"config '{name}': key 'dspark_target_layer_ids': expected a list of layer ids, "
+                          f"found {ids!r}")
+    return dict(dspark_block_size=_req(d, "dspark_block_size", name),
+                dspark_noise_token_id=_req(d, "dspark_noise_token_id", name),
+                dspark_target_layer_ids=tuple(ids), dspark_markov_rank=_req(d, "dspark_markov_rank", name))
 
 
 def _from_hf(d: Mapping[str, Any], name: str) -> DSV4Config:
@@ -369,7 +445,7 @@ def _from_hf(d: Mapping[str, Any], name: str) -> DSV4Config:
     rope_dim = int(_req(d, "qk_rope_head_dim", name))
     return DSV4Config(**kw, qk_rope_head_dim=rope_dim, compress_ratios=main, mtp_compress_ratios=mtp or (0,),
                       csa_ratio=csa, hca_ratio=hca, num_hash_layers=int(_opt(d, "num_hash_layers", 3)),
-                      **_yarn_from(d.get("rope_scaling"), name), **_storage_dtypes(d))
+                      **_yarn_from(d.get("rope_scaling"), name), **_storage_dtypes(d), **_dspark_from(d, name))
 
 
 def _from_transformers(d: Mapping[str, Any], name: str) -> DSV4Config:
@@ -403,6 +479,8 @@ def _from_transformers(d: Mapping[str, Any], name: str) -> DSV4Config:
         prf = d.get("partial_rotary_factor") or 64 / 512
         rope_dim = int(round(kw["head_dim"] * float(prf)))
     rp = d.get("rope_parameters") or {}
+    if "rope_type" in rp or "rope_theta" in rp:   # transformers' flat single-rope form
+        rp = {"main": rp, "compress": rp}
     yarn_src = rp.get("compress") if isinstance(rp.get("compress"), Mapping) else d.get("rope_scaling")
     if isinstance(rp.get("main"), Mapping) and "rope_theta" in rp["main"]:
         kw["rope_theta"] = float(rp["main"]["rope_theta"])
@@ -410,8 +488,14 @@ def _from_transformers(d: Mapping[str, Any], name: str) -> DSV4Config:
         kw["compress_rope_theta"] = float(rp["compress"]["rope_theta"])
     yarn = _yarn_from({k: v for k, v in (yarn_src or {}).items()
                        if k not in ("rope_theta", "partial_rotary_factor", "attention_factor")}, name)
-    return DSV4Config(**kw, qk_rope_head_dim=rope_dim, compress_ratios=main, csa_ratio=csa, hca_ratio=hca,
-                      num_hash_layers=n_hash, **yarn, **_storage_dtypes(d))
+    dspark = _dspark_from(d, name)
+    mtp: tuple[int, ...] = (0,)
+    if "compress_ratios" in d:
+        mtp = _split_ratios(d["compress_ratios"], n, name)[1] or (0,)
+    elif dspark:   # transformers truncates the schedule: one window-only stage per target layer (SGLang)
+        mtp = (0,) * len(dspark["dspark_target_layer_ids"])
+    return DSV4Config(**kw, qk_rope_head_dim=rope_dim, compress_ratios=main, mtp_compress_ratios=mtp,
+                      csa_ratio=csa, hca_ratio=hca, num_hash_layers=n_hash, **yarn, **_storage_dtypes(d), **dspark)
 
 
 _OFFICIAL = {  # ModelArgs name -> DSV4Config field
@@ -432,10 +516,15 @@ _OFFICIAL_IGNORED = {"n_routed_experts_score", "scale_fmt", "scale_dtype", "max_
                      "compress_ratios"}
 
 
-def _from_official(d: Mapping[str, Any], name: str) -> DSV4Config:
-    unknown = sorted(set(d) - set(_OFFICIAL) - _OFFICIAL_IGNORED)
-    if unknown:
-        raise ConfigError(f"config '{name}': official ModelArgs config: unexpected keys {unknown}")
+_OFFICIAL_DSPARK = ("dspark_block_size", "dspark_noise_token_id", "dspark_target_layer_ids", "dspark_markov_rank")
+
+
+def _from_official(d: Mapping[str, Any], name: str, allow_unknown: bool | None = None) -> DSV4Config:
+    unknown = sorted(set(d) - set(_OFFICIAL) - _OFFICIAL_IGNORED - set(_OFFICIAL_DSPARK))
+    if unknown and not (allow_unknown_default() if allow_unknown is None else allow_unknown):
+        raise ConfigError(f"config '{name}': official ModelArgs config: unexpected keys {unknown} (an unknown key "
+                          f"may change the model); set {ALLOW_ENV}=1 to proceed without them (they are recorded "
+                          f"in the run's provenance)")
     # Required: the official defaults describe a debug model (spec §1.1 DISAGREE), never rely on them.
     for key in ("vocab_size", "dim", "n_layers", "n_heads", "moe_inter_dim", "n_routed_experts",
                 "n_activated_experts", "compress_ratios", "route_scale", "swiglu_limit", "compress_rope_theta",
@@ -445,6 +534,13 @@ def _from_official(d: Mapping[str, Any], name: str) -> DSV4Config:
     kw: dict[str, Any] = {_OFFICIAL[k]: v for k, v in d.items() if k in _OFFICIAL}
     n = int(d["n_layers"])
     main, mtp = _split_ratios(d["compress_ratios"], n, name)
+    dspark = _dspark_from(d, name)
+    if dspark:   # n_mtp_layers counts the DSpark stages here; it must match the trailing ratios
+        stages = int(d.get("n_mtp_layers", 1))
+        if stages != len(mtp):
+            raise ConfigError(f"config '{name}': n_mtp_layers: expected {len(mtp)} (one per trailing "
+                              f"compress_ratios entry, the DSpark stages), found {stages}")
+        kw.update(dspark, num_nextn_predict_layers=1)
     csa, hca = _ratio_pair(main, d)
     for k in ("rope_theta", "compress_rope_theta", "rope_factor", "beta_fast", "beta_slow", "hc_eps",
               "rms_norm_eps", "routed_scaling_factor", "swiglu_limit"):
@@ -457,7 +553,7 @@ def _from_official(d: Mapping[str, Any], name: str) -> DSV4Config:
     if kw.get("dtype", "fp8") == "bf16":
         kw.setdefault("expert_dtype", None)
     return DSV4Config(**kw, name=name, compress_ratios=main, mtp_compress_ratios=mtp or (0,),
-                      csa_ratio=csa, hca_ratio=hca)
+                      csa_ratio=csa, hca_ratio=hca, ignored_keys=tuple(unknown))
 
 
 # ---- presets --------------------------------------------------------------------------------------
@@ -497,8 +593,27 @@ PRESETS = {
     "tiny": _tiny,
     # A deeper tiny model: more layers for localization and streaming studies.
     "tiny-deep": lambda: _tiny("tiny-deep", num_hidden_layers=8, compress_ratios=(0, 4, 16, 4, 16, 4, 16, 4)),
+    # The July/August releases with their DSpark draft (config-only, like flash and pro).
+    "flash-0731": lambda: with_dspark(_flash()),
+    "pro-0813": lambda: with_dspark(_pro()),
 }
-REAL_PRESETS = ("flash", "pro")
+REAL_PRESETS = ("flash", "pro", "flash-0731", "pro-0813")
+
+
+# The 0731/0813 DSpark keys of the real releases (dspark.md §2.1); other sizes get the same shape:
+# the last three layers as targets, a Markov rank of a quarter of the width.
+_DSPARK_REAL = {"flash": ((40, 41, 42), 256), "pro": ((58, 59, 60), 512)}
+
+
+def with_dspark(c: DSV4Config, stages: int = 3, block_size: int = 5) -> DSV4Config:
+    """The DSpark (0731/0813) form of a config: three window-only stages after the main layers."""
+    base = c.name.split("-")[0]
+    ids, rank = _DSPARK_REAL.get(base, (tuple(range(max(c.num_hidden_layers - stages, 0), c.num_hidden_layers)),
+                                        max(c.hidden_size // 4, 1)))
+    noise = 128799 if c.vocab_size > 128799 else c.vocab_size - 1
+    suffix = {"flash": "flash-0731", "pro": "pro-0813"}.get(c.name, f"{c.name}-dspark")
+    return c.replace(name=suffix, dspark_block_size=block_size, dspark_noise_token_id=noise,
+                     dspark_target_layer_ids=ids, dspark_markov_rank=rank, mtp_compress_ratios=(0,) * stages)
 
 
 def preset(name: str) -> DSV4Config:

@@ -221,7 +221,8 @@ class NativeModel:
         actions = Counter(r.action for r in self.conversion_records)
         return {
             "side": self.side, "config": self.config.name, "checkpoint": self.checkpoint_path,
-            "flavor": self.flavor, "fingerprint": self.fingerprint, "plan": self.plan.name,
+            "flavor": self.flavor, "ignored_config_keys": list(self.config.ignored_keys),
+            "fingerprint": self.fingerprint, "plan": self.plan.name,
             "plan_key": self.plan.key(), "plan_components": dict(self.plan.components),
             "backend": self.backend, "backends": self.backend_names(), "act_scale": self.act_scale,
             "dtype": str(self.act_dtype).replace("torch.", ""), "logits_dtype": "float32",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
@@ -74,11 +74,13 @@ def _bpe_segment(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[
     return symbols
 
 
-def build_tiny_tokenizer(vocab_size: int = 512) -> Tokenizer:
+def build_tiny_tokenizer(vocab_size: int = 512, *, fill: bool = False) -> Tokenizer:
     """A deterministic byte-level BPE: specials (BOS 0, EOS 1, ...), 256 byte symbols, merges.
 
-    Any UTF-8 text round-trips. The vocabulary never exceeds ``vocab_size``; the same call
-    always gives a byte-identical ``to_str()``.
+    Any UTF-8 text round-trips. The vocabulary never exceeds ``vocab_size``; with ``fill`` it is
+    exactly ``vocab_size``: ids no merge reaches get placeholder tokens ``<|synth_ID|>``, so a
+    synthetic checkpoint of any width decodes every id its model can emit. The same call always
+    gives a byte-identical ``to_str()``.
     """
     minimum = len(SPECIAL_TOKENS) + 256
     if vocab_size < minimum:
@@ -99,6 +101,9 @@ def build_tiny_tokenizer(vocab_size: int = 512) -> Tokenizer:
             ranks[(symbols[0], symbols[1])] = len(merges)
             merges.append((symbols[0], symbols[1]))
             symbols = _bpe_segment(symbols, ranks)
+    if fill:
+        for i in range(len(vocab), vocab_size):
+            vocab[f"<|synth_{i}|>"] = i   # ASCII: the byte-level decoder maps it to itself
 
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -169,6 +174,22 @@ class DSV4Tokenizer:
     def special_ids(self, tokens: Iterable[str] = SPECIAL_TOKENS) -> dict[str, int]:
         """Ids of the special strings this vocabulary holds as single tokens."""
         return {t: i for t in tokens if (i := self.tokenizer.token_to_id(t)) is not None}
+
+
+def check_tokenizer_matches(config: Any, tokenizer: "DSV4Tokenizer") -> None:
+    """The tokenizer must fit the model before any compute: every id it produces indexes the
+    embedding (size <= vocab_size), its BOS/EOS are the config's, and it decodes every id the model
+    can emit (size == vocab_size, or a real release's tokenizer padded by < 1 % of the vocabulary)."""
+    V, n = config.vocab_size, tokenizer.vocab_size
+    where = f"tokenizer {tokenizer.source} vs config '{config.name}'"
+    if n > V:
+        raise TokenizerError(f"{where}: expected at most vocab_size={V} tokens (ids index the embedding), found {n}")
+    if (tokenizer.bos_id, tokenizer.eos_id) != (config.bos_token_id, config.eos_token_id):
+        raise TokenizerError(f"{where}: expected BOS/EOS ids {config.bos_token_id}/{config.eos_token_id} (config), "
+                             f"found {tokenizer.bos_id}/{tokenizer.eos_id}")
+    if n < V * 0.99:
+        raise TokenizerError(f"{where}: expected a tokenizer for this model's {V} ids, found one of {n} tokens "
+                             f"(the model can emit ids its tokenizer cannot decode: the wrong tokenizer.json?)")
 
 
 def tiny_tokenizer(vocab_size: int = 512) -> DSV4Tokenizer:

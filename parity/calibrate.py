@@ -44,11 +44,11 @@ from dsv4.plan import resolve_plan
 from dsv4.probes import parse_probe
 from dsv4.prompts import holdout_prompt_path
 
-from .cli import EXIT_PASS, parse_device, progress_bars, run_cli, set_threads
+from .cli import EXIT_PASS, outputs_of, parse_device, progress_bars, run_cli, set_threads
 from .env import code_version, device_name
 from .errors import ParityInputError
 from .inputs import encode_prompts, select_prompts
-from .records import ALL_PROMPTS, _atomic_write_text, frame_records, to_frame, write_records
+from .records import ALL_PROMPTS, atomic_write_text, frame_records, to_frame, write_records
 from .rules import DEFAULT_SETTINGS, RuleSet, default_rules_path, parse_rules
 from .runner import DefaultLoaders, ModelLoaders
 from .source import resolve_checkpoint
@@ -427,7 +427,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
         }
         text = render_toml(rules, dict(DEFAULT_SETTINGS), calibration)
         parse_rules(text, "(generated)")   # never write a file the harness cannot load
-        _atomic_write_text(out, text)
+        atomic_write_text(out, text)
         if args.records:
             write_records(args.records, frame_records(df))
         console.print(f"wrote {out}: {len(rules)} rules from {len(df)} records of {len(calibration['runs'])} runs "
@@ -437,7 +437,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
             console.print(f"  {line}")
         return EXIT_PASS
 
-    return run_cli(body, console)
+    return run_cli(body, console, outputs_of(args, out="file"))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from .cli import EXIT_FAIL, EXIT_PASS, run_cli
+from .cli import EXIT_FAIL, EXIT_PASS, outputs_of, run_cli
 from .errors import RecordsError
 from .records import atomic_write_json, read_records
 from .render import rules_report
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
             atomic_write_json(args.json, verdict.summary())
         return EXIT_PASS if verdict.passed else EXIT_FAIL
 
-    return run_cli(body, console)
+    return run_cli(body, console, outputs_of(args))
 
 
 if __name__ == "__main__":

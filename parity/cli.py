@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import json
+from pathlib import Path
 import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
@@ -14,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from dsv4.checkpoint import CheckpointError
 from dsv4.config import ConfigError
 from dsv4.plan import PlanError
+from dsv4.tokenizer import TokenizerError
 
 from .errors import ParityInputError
 from .render import error
@@ -24,7 +26,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # line on the console, the traceback in a log file whose path is printed), 130 interrupted.
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_TOOL_FAILED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 # Exceptions that mean "bad input" at a CLI edge (exit 2); anything else is the tool's own failure (3).
-INPUT_ERRORS: tuple[type[BaseException], ...] = (ParityInputError, PlanError, CheckpointError, ConfigError)
+INPUT_ERRORS: tuple[type[BaseException], ...] = (ParityInputError, PlanError, CheckpointError, ConfigError,
+                                                 TokenizerError)
 
 
 def traceback_log(exc: BaseException) -> str:
@@ -48,13 +51,44 @@ def traceback_log(exc: BaseException) -> str:
     return "(no writable log directory)"
 
 
-def run_cli(body: Callable[[Console], int], console: Console | None = None) -> int:
+def outputs_of(args: Any, **kinds: str) -> dict[str, tuple[str, str]]:
+    """The output paths a parsed command line names, as ``{flag: (path, 'file' | 'dir')}``; the
+    standard ones plus ``kinds`` (e.g. ``records='dir'``, ``out='file'``; ``''``: an input, not checked)."""
+    table = {"records": "file", "json": "file", "reference_cache": "dir", **kinds}
+    return {f"--{k.replace('_', '-')}": (str(getattr(args, k)), kind) for k, kind in table.items()
+            if kind and getattr(args, k, None)}
+
+
+def check_outputs(outputs: Mapping[str, tuple[str, str]]) -> None:
+    """Before any compute: every output path is creatable and writable (a read-only filesystem, a
+    directory where a file goes, a file where a directory goes: bad input naming the flag)."""
+    import tempfile
+
+    for flag, (path, kind) in outputs.items():
+        p = Path(path).expanduser()
+        if kind == "file" and p.is_dir():
+            raise ParityInputError(f"{flag} {path}: expected a file path, found a directory")
+        if kind == "dir" and p.exists() and not p.is_dir():
+            raise ParityInputError(f"{flag} {path}: expected a directory, found a file")
+        where = p if kind == "dir" else p.parent
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=where, prefix=".dsv4-write-probe-"):
+                pass
+        except OSError as e:
+            raise ParityInputError(f"{flag} {path}: expected a writable location, found {e.strerror or e} "
+                                   f"({where})") from None
+
+
+def run_cli(body: Callable[[Console], int], console: Console | None = None,
+            outputs: Mapping[str, tuple[str, str]] | None = None) -> int:
     console = console or Console()
     # Everything imported so far (torch, pandas, rich) is long-lived: freezing it keeps the cyclic
     # garbage collector from re-scanning it on every collection the harness's ~10^4 records per run
     # trigger (measured: ~0.25 s of a tiny run, most of the metric overhead).
     gc.freeze()
     try:
+        check_outputs(outputs or {})
         return body(console)
     except INPUT_ERRORS as e:
         error(console, str(e))
@@ -65,6 +99,35 @@ def run_cli(body: Callable[[Console], int], console: Console | None = None) -> i
     except Exception as e:  # the tool's own failure: never a traceback that looks like a verdict
         error(console, f"internal error ({type(e).__name__}: {e}); traceback in {traceback_log(e)}")
         return EXIT_TOOL_FAILED
+
+
+def resolve_run_plan(plan_arg: str, checkpoint: str | None) -> Any:
+    """``--plan``: a preset / TOML, or ``checkpoint`` (the plan a ModelOpt / compressed-tensors
+    checkpoint's quantization config and tensors imply). A plan that contradicts a checkpoint
+    directory's quantization config is bad input naming the module (dsv4.checkpoint_plan)."""
+    from dsv4.plan import resolve_plan
+
+    path = Path(checkpoint) if checkpoint else None
+    is_dir = path is not None and path.is_dir()
+    if plan_arg == "checkpoint":
+        if not is_dir:
+            raise ParityInputError(f"--plan checkpoint: expected --checkpoint to be a checkpoint directory, "
+                                   f"found {checkpoint!r}")
+        from dsv4.checkpoint import open_checkpoint
+        from dsv4.checkpoint_plan import checkpoint_plan
+
+        plan = checkpoint_plan(open_checkpoint(path))
+        if plan is None:
+            raise ParityInputError(f"--plan checkpoint: expected a ModelOpt or compressed-tensors quantization "
+                                   f"config in {path}, found none")
+        return plan
+    plan = resolve_plan(plan_arg)
+    if is_dir:
+        from dsv4.checkpoint import open_checkpoint
+        from dsv4.checkpoint_plan import check_plan_against_checkpoint
+
+        check_plan_against_checkpoint(plan, open_checkpoint(path))
+    return plan
 
 
 def parse_device(device: str | None, *, must_exist: bool = True) -> str:
@@ -155,7 +218,8 @@ def add_run_arguments(p: Any, *, backend_help: str, profile_help: str, topk_defa
     p.add_argument("--prompt", action="append", help="prompt id of the set, or free text (repeatable); "
                                                      "default: every prompt of the set in --mode")
     p.add_argument("--prompt-set", default=None, help="a prompts TOML other than dsv4/data/prompts.toml")
-    p.add_argument("--plan", default="default", help="plan preset (default, all-fp4, all-bf16, all-fp32) or a TOML file")
+    p.add_argument("--plan", default="default", help="plan preset (default, all-fp4, all-bf16, all-fp32), a TOML "
+                   "file, or 'checkpoint' (the plan of a ModelOpt / compressed-tensors checkpoint)")
     p.add_argument("--backend", default="auto", help=backend_help)
     p.add_argument("--profile", choices=("bf16", "official"), default="bf16", help=profile_help)
     p.add_argument("--ref-dtype", choices=sorted(DTYPES), default="bf16", help="reference activation dtype")

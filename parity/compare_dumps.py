@@ -23,7 +23,7 @@ from rich.console import Console
 from dsv4.probes import probe_names
 from dsv4.prompts import load_prompt_set
 
-from .cli import EXIT_FAIL, EXIT_PASS, parse_device, progress_bars, run_cli, set_threads
+from .cli import EXIT_FAIL, EXIT_PASS, outputs_of, parse_device, progress_bars, run_cli, set_threads
 from .compare import Where, compare_probes
 from .dumps import Dump, find_dumps, read_dump
 from .env import code_version
@@ -155,7 +155,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
                                           "verdict": verdict.summary()})
         return EXIT_PASS if verdict.passed else EXIT_FAIL
 
-    return run_cli(body, console)
+    return run_cli(body, console, outputs_of(args))
 
 
 if __name__ == "__main__":

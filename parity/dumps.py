@@ -37,7 +37,7 @@ from dsv4.encoding import THINKING_MODES
 from dsv4.plan import resolve_plan
 from dsv4.probes import parse_probe
 
-from .cli import EXIT_PASS, parse_device, run_cli, set_threads
+from .cli import EXIT_PASS, outputs_of, parse_device, run_cli, set_threads
 from .errors import DumpError
 from .inputs import EncodedPrompt, encode_prompts, select_prompts
 from .runner import DefaultLoaders, ModelLoaders, run_propagated
@@ -200,7 +200,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
             console.print(f"wrote {p}")
         return EXIT_PASS
 
-    return run_cli(body, console)
+    return run_cli(body, console, outputs_of(args, out="dir"))
 
 
 if __name__ == "__main__":

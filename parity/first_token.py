@@ -21,10 +21,9 @@ from typing import Any, Sequence
 
 from rich.console import Console
 
-from dsv4.plan import resolve_plan
 
-from .cli import (DTYPES, EXIT_FAIL, EXIT_PASS, add_run_arguments, parse_device, parse_device_map, progress_bars,
-                  load_run_source, run_cli)
+from .cli import (DTYPES, EXIT_FAIL, EXIT_PASS, add_run_arguments, load_run_source, parse_device,
+                  outputs_of, parse_device_map, progress_bars, resolve_run_plan, run_cli)
 from .env import code_version, device_name
 from .inputs import encode_prompts, select_prompts
 from .logits_stats import DEFAULT_TOPK, KL_DIRECTION
@@ -83,8 +82,9 @@ def _dry_run(console: Console, args: argparse.Namespace, plan: Any, device: str)
     path = Path(args.checkpoint)
     # A real preset (flash, pro) has no tokenizer here: the tiny byte-level one over-counts tokens,
     # which keeps the probe estimate conservative. Tiny presets use that tokenizer anyway.
-    real_tokenizer = path.exists()
-    tok = load_tokenizer(path if path.is_dir() else path.parent) if real_tokenizer else tiny_tokenizer()
+    tok_dir = path if path.is_dir() else path.parent
+    real_tokenizer = path.exists() and (tok_dir / "tokenizer.json").exists()
+    tok = load_tokenizer(tok_dir) if real_tokenizer else tiny_tokenizer()
     prompts = encode_prompts(select_prompts(args.mode, args.prompt, args.prompt_set), tok, 1 << 31)
     tokens = max(p.n_tokens for p in prompts)
     dmap = parse_device_map(args.device_map) or {}
@@ -106,10 +106,21 @@ def _dry_run(console: Console, args: argparse.Namespace, plan: Any, device: str)
     t.add_row("peak (models are built one at a time)", *[fmt(est["peak_per_device"][d] / gib, 3) for d in devs],
               style="bold")
     console.print(t)
+    if path.is_dir():
+        from dsv4.checkpoint import open_checkpoint
+        from dsv4.checkpoint_plan import checkpoint_plan
+
+        reader = open_checkpoint(path)
+        console.print(f"layout {reader.layout.name} ({reader.layout.title}): {reader.layout_reason}")
+        cplan = checkpoint_plan(reader)
+        if cplan is not None:
+            console.print(f"checkpoint plan ({reader.quant_config.source}): {cplan.name}  [--plan checkpoint]")
+        if reader.config.ignored_keys:
+            console.print(f"config keys ignored on request: {list(reader.config.ignored_keys)}")
     console.print(f"probes copied to the host: {est['probe_host_bytes_per_prompt'] / gib:.3f} GiB per prompt of "
                   f"{tokens} tokens; {est['probe_host_bytes_held'] / gib:.3f} GiB held for {len(prompts)} prompts"
-                  + ("" if real_tokenizer or args.checkpoint not in REAL_PRESETS
-                     else "; token count from the tiny byte-level tokenizer (no checkpoint)"))
+                  + ("" if real_tokenizer or (args.checkpoint not in REAL_PRESETS and not path.is_dir())
+                     else "; token count from the tiny byte-level tokenizer (no tokenizer.json)"))
     if args.json:
         atomic_write_json(args.json, {"dry_run": est, "config": config.name, "plan": plan.to_dict()})
     return EXIT_PASS
@@ -121,7 +132,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
 
     def body(console: Console) -> int:
         t_start = time.perf_counter()
-        plan = resolve_plan(args.plan)
+        plan = resolve_run_plan(args.plan, args.checkpoint)
         device = parse_device(args.device, must_exist=not args.dry_run)
         if args.dry_run:
             return _dry_run(console, args, plan, device)
@@ -162,7 +173,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
             atomic_write_json(args.json, json_safe(run_summary(result, verdict, df, wall)))
         return EXIT_PASS if verdict.passed else EXIT_FAIL
 
-    return run_cli(body, console)
+    return run_cli(body, console, outputs_of(args))
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -19,6 +17,7 @@ from typing import Any, Iterable, Mapping
 
 import pandas as pd
 
+from dsv4.atomic_io import atomic_write_text
 from dsv4.probes import component_of, parse_probe
 
 from .errors import RecordsError
@@ -105,21 +104,6 @@ def _probe_info(probe: str) -> tuple[int | None, str]:
     return parse_probe(probe)[0], component_of(probe)
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def json_safe(obj: Any) -> Any:
     """NaN / inf are not JSON: write them as strings, as the records do."""
     if isinstance(obj, float) and not math.isfinite(obj):
@@ -132,7 +116,7 @@ def json_safe(obj: Any) -> Any:
 
 
 def atomic_write_json(path: str | Path, obj: Any) -> None:
-    _atomic_write_text(Path(path), json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    atomic_write_text(Path(path), json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def write_records(path: str | Path, records: Iterable[Mapping[str, Any]], *, append: bool = False) -> int:
@@ -144,7 +128,7 @@ def write_records(path: str | Path, records: Iterable[Mapping[str, Any]], *, app
     old = path.read_text(encoding="utf-8") if append and path.exists() else ""
     if old and not old.endswith("\n"):
         old += "\n"
-    _atomic_write_text(path, old + "".join(r + "\n" for r in rows))
+    atomic_write_text(path, old + "".join(r + "\n" for r in rows))
     return len(rows)
 
 

@@ -14,8 +14,9 @@ import torch
 
 from dsv4.checkpoint import CheckpointError, CheckpointReader, open_checkpoint
 from dsv4.checkpoint.synth import resolve_preset
+from dsv4.checkpoint.verify import verify_before_compute
 from dsv4.config import PRESETS, REAL_PRESETS, DSV4Config
-from dsv4.tokenizer import DSV4Tokenizer, TokenizerError, load_tokenizer
+from dsv4.tokenizer import DSV4Tokenizer, TokenizerError, check_tokenizer_matches, load_tokenizer
 
 from .errors import ParityInputError
 
@@ -60,11 +61,13 @@ def resolve_checkpoint(spec: str | Path, seed: int = 0) -> CheckpointSource:
         used_seed = int(m.group("seed")) if m else None
     try:
         reader = open_checkpoint(path)
+        verify_before_compute(reader)   # NaN weights, impossible scale codes: named before any FLOP
     except CheckpointError as e:
         raise ParityInputError(f"checkpoint {s}: {e}") from None
     tok_dir = path if path.is_dir() else path.parent
     try:
         tokenizer = load_tokenizer(tok_dir)
+        check_tokenizer_matches(reader.config, tokenizer)
     except TokenizerError as e:
         raise ParityInputError(f"checkpoint {s}: {e}") from None
     return CheckpointSource(spec=s, path=path, config=reader.config, fingerprint=reader.fingerprint(),

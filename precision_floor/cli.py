@@ -13,7 +13,7 @@ from rich.console import Console
 from dsv4.checkpoint.synth import cache_root
 from dsv4.encoding import THINKING_MODES
 from dsv4.prompts import load_prompt_set
-from parity.cli import parse_device, run_cli, set_threads
+from parity.cli import outputs_of, parse_device, run_cli, set_threads
 from parity.inputs import EncodedPrompt, encode_prompts, select_prompts
 from parity.source import CheckpointSource, resolve_checkpoint
 
@@ -99,8 +99,9 @@ def open_session(args: argparse.Namespace, console: Console, *, reuse: bool | No
     return Session(source, store, ev, device)
 
 
-def run_tool(body: Callable[[Console], int]) -> int:
-    return run_cli(body)
+def run_tool(body: Callable[[Console], int], args: argparse.Namespace | None = None, **kinds: str) -> int:
+    """The error boundary; ``args``' output paths (``--records`` a store directory) are checked first."""
+    return run_cli(body, outputs=outputs_of(args, **{"records": "dir", **kinds}) if args is not None else None)
 
 
 __all__ = ["ALL_MODES", "Session", "add_common", "default_records_dir", "open_session", "pick_prompts", "run_tool"]

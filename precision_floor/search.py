@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         session.finish(console)
         return 0 if result.met else 1
 
-    return run_tool(body)
+    return run_tool(body, args)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ class ReferenceModel:
                 "dtype": str(self.dtype).removeprefix("torch."), "device": self.devices["embed"],
                 "devices": {str(k): v for k, v in self.devices.items()}, "config_name": self.config.name,
                 "checkpoint": str(self.reader.path), "flavor": self.reader.flavor,
+                "ignored_config_keys": list(self.config.ignored_keys),
                 "fingerprint": self.fingerprint, "cache_weights": self.store.cache,
                 # fp32 islands assume IEEE fp32 matmuls; "high"/"medium" (TF32/bf16) would change them
                 "fp32_matmul_precision": torch.get_float32_matmul_precision()}

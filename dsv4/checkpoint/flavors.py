@@ -1,4 +1,5 @@
-"""Stored-name layouts of the three checkpoint flavors (spec §2.1, §2.4, §2.5) and flavor detection.
+"""Stored-name schemes (spec §2.1, §2.4, §2.5): canonical name -> stored tensor locations. Which
+scheme and role suffixes a checkpoint uses is its layout's to say (``layouts.py``).
 
 * ``official``: official names (``layers.3.attn.wq_a.weight`` + ``.scale``), FP8 block weights,
   MXFP4 routed experts; also accepted with a ``model.`` prefix (transformers' ``save_pretrained``).
@@ -13,11 +14,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Mapping
 
 from .names import INDEX, LINEAR, PARAM, WeightSpec
-
-FLAVORS = ("official", "nvidia-nvfp4", "hf")
 
 
 @dataclass(frozen=True)
@@ -34,26 +33,18 @@ class Location:
         return f"{self.name}[{e}]" if a is None else f"{self.name}[{e}, {a}:{b}]"
 
 
-def detect_flavor(names: Iterable[str]) -> str:
-    names = list(names)
-    if any(re.match(r"^model\.layers\.\d+\.(self_attn|mlp)\.", n) for n in names) or "lm_head.weight" in names:
-        return "hf"
-    if any(n.endswith(".weight_scale_2") for n in names):
-        return "nvidia-nvfp4"
-    return "official"
-
-
 # ---- official naming ----------------------------------------------------------------------------
-_OFFICIAL_ROLES = {"weight": ".weight", "scale": ".scale", "weight_scale": ".weight_scale",
-                   "weight_scale_2": ".weight_scale_2", "input_scale": ".input_scale"}
+OFFICIAL_ROLES = {"weight": ".weight", "scale": ".scale", "weight_scale": ".weight_scale",
+                  "weight_scale_2": ".weight_scale_2", "input_scale": ".input_scale"}
 
 
-def official_candidates(spec: WeightSpec, prefix: str = "") -> dict[str, Location]:
+def official_candidates(spec: WeightSpec, prefix: str = "",
+                        roles: Mapping[str, str] = OFFICIAL_ROLES) -> dict[str, Location]:
     base = prefix + spec.full_name
     if spec.kind in (PARAM, INDEX):
         return {"weight": Location(base)}
     if spec.kind == LINEAR:
-        return {role: Location(base + suf) for role, suf in _OFFICIAL_ROLES.items()}
+        return {role: Location(base + suf) for role, suf in roles.items()}
     return {"weight": Location(base + ".weight")}
 
 
@@ -82,8 +73,8 @@ _HF_LAYER = {
     "ffn.shared_experts.w2": "mlp.shared_experts.down_proj",
 }
 _HF_EXPERT = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
-_HF_ROLES = {"weight": ".weight", "scale": ".weight_scale_inv", "weight_scale": ".weight_scale",
-             "weight_scale_2": ".weight_scale_2", "input_scale": ".input_scale"}
+HF_ROLES = {"weight": ".weight", "scale": ".weight_scale_inv", "weight_scale": ".weight_scale",
+            "weight_scale_2": ".weight_scale_2", "input_scale": ".input_scale"}
 _EXPERT_RE = re.compile(r"^ffn\.experts\.(\d+)\.(w[123])$")
 HF_FUSED_GATE_UP = "mlp.experts.gate_up_proj"
 HF_FUSED_DOWN = "mlp.experts.down_proj"
@@ -99,7 +90,8 @@ def hf_base(spec: WeightSpec) -> str:
     return prefix + _HF_LAYER[spec.name]
 
 
-def hf_candidates(spec: WeightSpec, fused: bool, inter: int) -> dict[str, Location]:
+def hf_candidates(spec: WeightSpec, fused: bool, inter: int,
+                  roles: Mapping[str, str] = HF_ROLES) -> dict[str, Location]:
     """Stored locations per role. With ``fused`` experts the weight is a slice of the fused tensor."""
     m = _EXPERT_RE.match(spec.name)
     if m and fused:
@@ -113,5 +105,5 @@ def hf_candidates(spec: WeightSpec, fused: bool, inter: int) -> dict[str, Locati
     if spec.kind in (PARAM, INDEX):
         return {"weight": Location(base)}
     if spec.kind == LINEAR:
-        return {role: Location(base + suf) for role, suf in _HF_ROLES.items()}
+        return {role: Location(base + suf) for role, suf in roles.items()}
     return {"weight": Location(base + ".weight")}

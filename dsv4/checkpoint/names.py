@@ -104,13 +104,41 @@ def mtp_weights(c: DSV4Config, index: int = 0) -> list[WeightSpec]:
     return extra + _block(c, None, index, ratio, hash_layer=False)
 
 
+def dspark_weights(c: DSV4Config, stage: int) -> list[WeightSpec]:
+    """One DSpark stage ``mtp.{stage}`` of the 0731/0813 releases (dspark.md §3.1): a window-only,
+    score-routed block; stage 0 adds ``main_proj``/``main_norm`` (joining the target layers' hidden
+    states), the last stage the drafter's own final norm and hc head, the Markov head and the
+    confidence head. No ``e_proj``/``h_proj``/``enorm``/``hnorm``; embed and head are the trunk's."""
+    D, n, V, r = c.hidden_size, c.hc_mult, c.vocab_size, c.dspark_markov_rank
+    extra: list[WeightSpec] = []
+    if stage == 0:
+        extra += [WeightSpec("main_proj", None, (D, len(c.dspark_target_layer_ids) * D), LINEAR, stage),
+                  WeightSpec("main_norm", None, (D,), NORM, stage)]
+    if stage == c.dspark_stages - 1:
+        extra += [WeightSpec("norm", None, (D,), NORM, stage),
+                  WeightSpec("hc_head_fn", None, (n, n * D), PARAM, stage),
+                  WeightSpec("hc_head_base", None, (n,), PARAM, stage),
+                  WeightSpec("hc_head_scale", None, (1,), PARAM, stage),
+                  WeightSpec("markov_head.markov_w1", None, (V, r), TABLE, stage),
+                  WeightSpec("markov_head.markov_w2", None, (V, r), TABLE, stage),
+                  WeightSpec("confidence_head.proj", None, (1, D + r), TABLE, stage)]
+    return extra + _block(c, None, stage, c.mtp_compress_ratios[stage], hash_layer=False)
+
+
+def draft_weights(c: DSV4Config) -> list[WeightSpec]:
+    """Every ``mtp.*`` weight the config implies: DSpark stages when ``dspark_block_size`` is set,
+    else the April NextN block(s)."""
+    if c.dspark_block_size:
+        return [s for j in range(c.dspark_stages) for s in dspark_weights(c, j)]
+    return [s for j in range(c.num_nextn_predict_layers) for s in mtp_weights(c, j)]
+
+
 def all_weights(c: DSV4Config, *, mtp: bool = False) -> Iterator[WeightSpec]:
     yield from global_weights(c)
     for i in range(c.num_hidden_layers):
         yield from layer_weights(c, i)
     if mtp:
-        for j in range(c.num_nextn_predict_layers):
-            yield from mtp_weights(c, j)
+        yield from draft_weights(c)
 
 
 def spec_index(c: DSV4Config, *, mtp: bool = False) -> dict[str, WeightSpec]:

@@ -14,10 +14,12 @@ from safetensors import safe_open
 
 from ..config import ConfigError, DSV4Config
 from .errors import CheckpointError
-from .flavors import (FLAVORS, HF_FUSED_DOWN, HF_FUSED_GATE_UP, Location, detect_flavor, hf_candidates,
-                      official_candidates)
-from .formats import NVFP4, StoredWeight, TensorInfo, WeightFormat, infer_format
-from .names import WeightSpec, all_weights, mtp_weights
+from .fingerprint import shard_digests
+from .flavors import HF_FUSED_DOWN, HF_FUSED_GATE_UP, Location, hf_candidates, official_candidates
+from .formats import HASH, NVFP4, RAW, StoredWeight, TensorInfo, WeightFormat, infer_format
+from .layouts import FLAVORS, detect_layout
+from .quant_configs import read_quant_config
+from .names import LINEAR, NORM, TABLE, WeightSpec, all_weights, draft_weights
 
 INDEX_FILE = "model.safetensors.index.json"
 _MAX_HEADER = 100 * 1024 * 1024
@@ -72,7 +74,10 @@ class CheckpointReader:
         self._check_index()
         self._config_file = self._config_path(config)
         self.config = config if config is not None else self._load_config()
-        self.flavor = detect_flavor(self._infos)
+        self.quant_config = read_quant_config(self.path if self.path.is_dir() else self.path.parent,
+                                              self._raw_config())
+        self.layout, self.layout_reason = detect_layout(self._infos)
+        self.flavor = self.layout.name
         self._handles: dict[str, Any] = {}
         self._weights: dict[str, tuple[WeightSpec, dict[str, Location], WeightFormat]] = {}
         self.has_mtp = False
@@ -128,6 +133,14 @@ class CheckpointReader:
                                   f"found none")
         return None
 
+    def _raw_config(self) -> dict[str, Any] | None:
+        if self._config_file is None:
+            return None
+        try:
+            return json.loads(self._config_file.read_text())
+        except json.JSONDecodeError:
+            return None   # already reported by _load_config when it is the config in use
+
     def _load_config(self) -> DSV4Config:
         try:
             return DSV4Config.from_json(self._config_file)
@@ -156,30 +169,40 @@ class CheckpointReader:
         self._check_counts(names)
         consumed: set[str] = set()
         prefix = ""
-        if self.flavor != "hf" and not any(n.startswith("layers.") for n in names) and \
+        hf_named = self.layout.naming == "hf"
+        if not hf_named and not any(n.startswith("layers.") for n in names) and \
                 any(n.startswith("model.layers.") for n in names):
             prefix = "model."   # official names written by save_pretrained
-        fused = self.flavor == "hf" and any(n.endswith(HF_FUSED_GATE_UP) for n in names)
+        fused = hf_named and any(n.endswith(HF_FUSED_GATE_UP) for n in names)
         mtp_names = {n for n in names if re.match(r"^(model\.)?mtp\.", n)}
         self.has_mtp = bool(mtp_names)
+        if self.has_mtp:
+            self._check_draft_kind(mtp_names)
         specs = list(all_weights(c))
         if self.has_mtp:
-            specs += [s for j in range(c.num_nextn_predict_layers) for s in mtp_weights(c, j)]
+            specs += draft_weights(c)
         missing: list[str] = []
         for spec in specs:
             if spec.mtp is not None:
                 mp = "model." if any(n.startswith("model.mtp.") for n in mtp_names) else ""
                 cands = official_candidates(spec, mp)
-            elif self.flavor == "hf":
-                cands = hf_candidates(spec, fused, c.moe_intermediate_size)
+            elif hf_named:
+                cands = hf_candidates(spec, fused, c.moe_intermediate_size, self.layout.roles)
             else:
-                cands = official_candidates(spec, prefix)
+                cands = official_candidates(spec, prefix, self.layout.roles)
+            w = cands["weight"]
+            if w.name not in names and w.index is None and spec.kind == LINEAR:
+                # an unquantized linear keeps '.weight' where the layout's quantized ones differ
+                plain = w.name[: -len(self.layout.roles["weight"])] + ".weight"
+                if plain in names:
+                    cands = {"weight": Location(plain)}
             roles = {r: loc for r, loc in cands.items() if loc.name in names}
             if "weight" not in roles:
                 missing.append(f"{cands['weight'].label()} {list(spec.shape)}")
                 continue
             infos = {r: self._slice_info(spec, loc) for r, loc in roles.items()}
             fmt = infer_format(spec, infos)
+            self._check_dtype(spec, fmt, infos["weight"])
             self._weights[spec.full_name] = (spec, roles, fmt)
             consumed.update(loc.name for loc in roles.values())
         if missing:
@@ -188,8 +211,36 @@ class CheckpointReader:
         unexpected = sorted(names - consumed)
         if unexpected:
             raise CheckpointError(self._explain_unexpected(unexpected))
-        if self.flavor == "hf" and fused:
+        if hf_named and fused:
             self._check_fused()
+
+    def _check_draft_kind(self, mtp_names: set[str]) -> None:
+        """The config says which draft the mtp.* tensors are (dspark_block_size); they must agree."""
+        c = self.config
+        dspark_tensors = any(re.search(r"mtp\.\d+\.(main_proj|markov_head|confidence_head)\.", n) for n in mtp_names)
+        kind = "dspark" if c.dspark_block_size else "nextn"
+        if dspark_tensors and kind == "nextn":
+            raise CheckpointError("config disagrees with the tensors: the tensors hold DSpark stages "
+                                  "(mtp.0.main_proj, markov_head, ...) but the config has no dspark_* keys "
+                                  "(expected dspark_block_size, dspark_target_layer_ids, ...; an older "
+                                  "config.json beside 0731/0813 weights?)")
+        if kind == "dspark" and not dspark_tensors:
+            raise CheckpointError(f"config disagrees with the tensors: the config declares DSpark "
+                                  f"(dspark_block_size={c.dspark_block_size}) but the mtp.* tensors are an April "
+                                  f"NextN block (no mtp.0.main_proj)")
+        if kind not in self.layout.drafts:
+            raise CheckpointError(f"layout {self.layout.name}: mtp.* tensors: expected {self.layout.drafts}, "
+                                  f"found a {kind} draft")
+
+    def _check_dtype(self, spec: WeightSpec, fmt: WeightFormat, info: TensorInfo) -> None:
+        """The release's own dtype per tensor kind (layouts.py): F32 where BF16 belongs is refused."""
+        if fmt.kind == HASH:
+            return
+        kind = {NORM: "norm", TABLE: "table"}.get(spec.kind, "param" if fmt.kind == RAW else fmt.kind)
+        want = self.layout.allowed_dtypes(kind)
+        if want is not None and info.dtype not in want:
+            raise CheckpointError(f"tensor '{info.name}' (weight {spec.full_name}): dtype: expected "
+                                  f"{' or '.join(want)} in the {self.layout.name} layout, found {info.dtype}")
 
     def _slice_info(self, spec: WeightSpec, loc: Location) -> TensorInfo:
         info = self._infos[loc.name]
@@ -269,6 +320,10 @@ class CheckpointReader:
             for r in ("weight_scale_2", "input_scale"):
                 if r in tensors:
                     tensors[r] = tensors[r].reshape(())
+                    if self.layout.global_scale == "reciprocal":
+                        # compressed-tensors stores 2688/amax; hand out the dequantization multiplier,
+                        # one FP32 reciprocal as vLLM takes it at load (nvfp4-and-kernels.md §3.4)
+                        tensors[r] = (1.0 / tensors[r].to(torch.float32)).reshape(())
         return StoredWeight(tensors, fmt, {r: loc.label() for r, loc in roles.items()})
 
     def _entry(self, name: str, layer: int | None) -> tuple[WeightSpec, dict[str, Location], WeightFormat]:
@@ -281,7 +336,9 @@ class CheckpointReader:
                                   f"(layer) or 'embed' (global), found no such weight in {self.path}") from None
 
     def fingerprint(self) -> str:
-        """sha256 over config.json, the index json, and every shard's header bytes and size."""
+        """sha256 over config.json, the index json, every shard's header bytes and size, and every
+        shard's content digest (cached per file version, ``fingerprint.py``): a weight rewritten in
+        place with the same shape changes it."""
         h = hashlib.sha256()
         if self._config_file is not None:
             h.update(self._config_file.read_bytes())
@@ -295,6 +352,8 @@ class CheckpointReader:
                 h.update(f.name.encode())
                 h.update(fh.read(n))
             h.update(str(f.stat().st_size).encode())
+        for name, digest in sorted(shard_digests(self._files).items()):
+            h.update(f"{name}:{digest}".encode())
         return h.hexdigest()
 
     def close(self) -> None:

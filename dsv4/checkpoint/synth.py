@@ -20,19 +20,22 @@ import sys
 import tempfile
 import zlib
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from ..config import REAL_PRESETS, DSV4Config, preset as config_preset
+from ..config import REAL_PRESETS, DSV4Config, preset as config_preset, with_dspark
 from .errors import CheckpointError
-from .flavors import FLAVORS, hf_base
+from .flavors import hf_base
+from .layouts import FLAVORS, get_layout
 from .names import INDEX, LINEAR, NORM, PARAM, TABLE, WeightSpec, all_weights
+from .quant_configs import layout_quant_files
 
 log = logging.getLogger(__name__)
 
-SYNTH_VERSION = 2
+SYNTH_VERSION = 3
 DEFAULT_SHARD_BYTES = 64 * 1024 * 1024
 _E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float64)
 
@@ -64,6 +67,8 @@ def _linear_values(spec: WeightSpec, seed: int) -> np.ndarray:
 
 def _values(spec: WeightSpec, c: DSV4Config, seed: int) -> np.ndarray:
     g = _rng(seed, spec.full_name)
+    if spec.name.startswith(("markov_head.", "confidence_head.")):   # DSpark heads: small low-rank tables
+        return (g.standard_normal(spec.shape) / np.sqrt(spec.shape[-1])).astype(np.float32)
     leaf = spec.name.rsplit(".", 1)[-1]
     if spec.kind == LINEAR:
         return _linear_values(spec, seed)
@@ -157,56 +162,84 @@ def encode_nvfp4(w: np.ndarray, global_scale: float | None = None) -> dict[str, 
             "input_scale": torch.tensor(_INPUT_AMAX_BOUND / (6.0 * 448.0), dtype=torch.float32)}
 
 
-# ---- flavors -------------------------------------------------------------------------------------
-def _linear_format(spec: WeightSpec, c: DSV4Config, flavor: str, quant: str) -> str:
+# ---- flavors (each one a layout of layouts.py) -------------------------------------------------------
+def linear_format(spec: WeightSpec, c: DSV4Config, flavor: str, quant: str) -> str:
     name = spec.name
-    bf16_always = (name in ("ffn.gate", "attn.indexer.weights_proj") or ".compressor." in f".{name}")
+    # BF16 in every release: the router, the indexer's weights_proj, the compressors (spec §2.3)
+    if name in ("ffn.gate", "attn.indexer.weights_proj") or ".compressor." in f".{name}":
+        return "bf16"
+    layout = get_layout(flavor)
     if flavor == "hf":
-        if quant == "bf16" or bf16_always:
+        if quant == "bf16":
             return "bf16"
         if spec.is_expert:
             return "nvfp4" if quant == "nvfp4" else "fp8"
         return "fp8" if quant == "fp8" else "bf16"
-    if bf16_always:
-        return "bf16"
+    if layout.linear_format == "nvfp4":   # compressed-tensors: every other linear NVFP4
+        return "nvfp4"
     if spec.is_expert:
-        if flavor == "nvidia-nvfp4" and spec.mtp is None:
+        if layout.expert_format == "nvfp4" and spec.mtp is None:
             return "nvfp4"          # MTP experts stay MXFP4 (spec §2.4)
         return {"fp4": "mxfp4", "fp8": "fp8", None: "bf16"}[c.expert_dtype]
     return "fp8" if c.dtype == "fp8" else "bf16"
 
 
+def _nvfp4_global(v: np.ndarray, flavor: str, amax: float | None = None) -> float:
+    """The dequantization multiplier the reader will hand out. compressed-tensors stores the reciprocal
+    2688/amax; the reader takes 1/x in FP32, so encode with exactly that multiplier."""
+    a = float(np.abs(v).max()) if amax is None else amax
+    if get_layout(flavor).global_scale != "reciprocal":
+        return float(np.float32(a / (6.0 * 448.0)))
+    one = np.float32(1.0)
+    mult = one / np.float32(6.0 * 448.0 / a)
+    for _ in range(4):   # a multiplier whose FP32 reciprocal round-trips, so the stored 1/x is exact
+        if one / (one / mult) == mult:
+            return float(mult)
+        mult = one / (one / mult)
+    return float(2.0 ** np.ceil(np.log2(a / 2688.0)))
+
+
+def role_names(spec: WeightSpec, roles: Iterable[str], flavor: str) -> dict[str, str]:
+    """The stored tensor name of each role of ``spec`` in layout ``flavor`` (the writer's naming)."""
+    layout = get_layout(flavor)
+    hf_named = layout.naming == "hf" and spec.mtp is None
+    base = hf_base(spec) if hf_named else spec.full_name
+    roles = list(roles)
+    if spec.kind in (PARAM, INDEX):
+        return {"weight": base}
+    if spec.kind != LINEAR:
+        return {"weight": base + ".weight"}
+    suffix = dict(layout.roles) if hf_named or spec.mtp is None else dict(get_layout("official").roles)
+    if "weight_scale_2" not in roles:      # not NVFP4: the plain suffixes of its naming scheme
+        suffix["weight"] = ".weight"
+    return {r: base + suffix[r] for r in roles}
+
+
+def _store_roles(spec: WeightSpec, roles: dict[str, torch.Tensor], flavor: str) -> dict[str, torch.Tensor]:
+    if get_layout(flavor).global_scale == "reciprocal" and "weight_scale_2" in roles:
+        roles = dict(roles, weight_scale_2=(1.0 / roles["weight_scale_2"].to(torch.float32)).reshape(1),
+                     input_scale=(1.0 / roles["input_scale"].to(torch.float32)).reshape(1))
+    names = role_names(spec, roles, flavor)
+    return {names[r]: t for r, t in roles.items()}
+
+
 def _stored(spec: WeightSpec, c: DSV4Config, flavor: str, quant: str, seed: int) -> dict[str, torch.Tensor]:
     v = _values(spec, c, seed)
     if spec.kind == LINEAR:
-        fmt = _linear_format(spec, c, flavor, quant)
+        fmt = linear_format(spec, c, flavor, quant)
         if fmt == "fp8":
             roles = encode_fp8_block(v)
         elif fmt == "mxfp4":
             roles = encode_mxfp4(v)
         elif fmt == "nvfp4":
-            roles = encode_nvfp4(v)
+            roles = encode_nvfp4(v, _nvfp4_global(v, flavor))
         else:
             roles = {"weight": torch.from_numpy(v).to(torch.bfloat16)}
-    elif spec.kind in (PARAM,):
-        roles = {"weight": torch.from_numpy(v)}
-    elif spec.kind == INDEX:
+    elif spec.kind in (PARAM, INDEX):
         roles = {"weight": torch.from_numpy(v)}
     else:
         roles = {"weight": torch.from_numpy(v).to(torch.bfloat16)}
-    if flavor == "hf" and spec.mtp is None:
-        base = hf_base(spec)
-        suffix = {"weight": ".weight", "scale": ".weight_scale_inv", "weight_scale": ".weight_scale",
-                  "weight_scale_2": ".weight_scale_2", "input_scale": ".input_scale"}
-        if spec.kind in (PARAM, INDEX):
-            return {base: roles["weight"]}
-        return {base + suffix[r]: t for r, t in roles.items()}
-    base = spec.full_name
-    if spec.kind in (PARAM, INDEX):
-        return {base: roles["weight"]}
-    suffix = {"weight": ".weight", "scale": ".scale", "weight_scale": ".weight_scale",
-              "weight_scale_2": ".weight_scale_2", "input_scale": ".input_scale"}
-    return {base + suffix[r]: t for r, t in roles.items()}
+    return _store_roles(spec, roles, flavor)
 
 
 def _share_w13_global(tensors: dict[str, torch.Tensor], c: DSV4Config, spec_of: dict[str, WeightSpec],
@@ -217,15 +250,12 @@ def _share_w13_global(tensors: dict[str, torch.Tensor], c: DSV4Config, spec_of: 
         if not (s.is_expert and s.name.endswith(".w1")):
             continue
         s3 = spec_of[s.full_name[:-1] + "3"]
-        if _linear_format(s, c, flavor, quant) != "nvfp4":
+        if linear_format(s, c, flavor, quant) != "nvfp4":
             continue
         v1, v3 = _values(s, c, seed), _values(s3, c, seed)
-        gs = max(np.abs(v1).max(), np.abs(v3).max()) / (6.0 * 448.0)
+        gs = _nvfp4_global(v1, flavor, max(float(np.abs(v1).max()), float(np.abs(v3).max())))
         for sp, v in ((s, v1), (s3, v3)):
-            roles = encode_nvfp4(v, gs)
-            base = hf_base(sp) if flavor == "hf" else sp.full_name
-            for r, t in roles.items():
-                tensors[f"{base}.{r}"] = t
+            tensors.update(_store_roles(sp, encode_nvfp4(v, gs), flavor))
 
 
 def build_tensors(c: DSV4Config, flavor: str, quant: str = "bf16", seed: int = 0) -> dict[str, torch.Tensor]:
@@ -235,7 +265,13 @@ def build_tensors(c: DSV4Config, flavor: str, quant: str = "bf16", seed: int = 0
         raise CheckpointError(f"synth quant: expected bf16, fp8 or nvfp4, found {quant!r}")
     if quant != "bf16" and flavor != "hf":
         raise CheckpointError(f"synth: --quant applies to the hf flavor only, found flavor {flavor!r}")
-    with_mtp = flavor != "hf" and c.num_nextn_predict_layers > 0   # transformers drops MTP
+    layout = get_layout(flavor)
+    kind = "dspark" if c.dspark_block_size else "nextn"
+    if layout.naming == "official" and kind not in layout.drafts:
+        raise CheckpointError(f"synth flavor {flavor!r}: expected a config with a {' or '.join(layout.drafts)} "
+                              f"draft, found a {kind} config (dspark_block_size={c.dspark_block_size})")
+    # transformers and compressed-tensors exports drop the draft; the official layouts carry it
+    with_mtp = layout.naming == "official" and (c.dspark_stages > 0 or c.num_nextn_predict_layers > 0)
     specs = list(all_weights(c, mtp=with_mtp))
     tensors: dict[str, torch.Tensor] = {}
     for s in specs:
@@ -264,7 +300,12 @@ def write_checkpoint(out: Path, c: DSV4Config, tensors: dict[str, torch.Tensor],
                      shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg = c.to_transformers_dict() if flavor == "hf" else c.to_hf_dict()
+    extra_files = layout_quant_files(get_layout(flavor), c)
+    if "quantization_config" in extra_files:
+        cfg["quantization_config"] = extra_files.pop("quantization_config")
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    for fname, content in extra_files.items():
+        (out / fname).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name in sorted(tensors):
@@ -293,7 +334,7 @@ def write_checkpoint(out: Path, c: DSV4Config, tensors: dict[str, torch.Tensor],
 def _write_tokenizer(out: Path, c: DSV4Config) -> None:
     from ..tokenizer import build_tiny_tokenizer, write_tokenizer
 
-    write_tokenizer(build_tiny_tokenizer(vocab_size=c.vocab_size), out)
+    write_tokenizer(build_tiny_tokenizer(vocab_size=c.vocab_size, fill=True), out)
 
 
 def synth(preset: str = "tiny", flavor: str = "nvidia-nvfp4", out: str | Path = "tiny-ckpt", *, seed: int = 0,
@@ -303,6 +344,8 @@ def synth(preset: str = "tiny", flavor: str = "nvidia-nvfp4", out: str | Path = 
     if c.name in REAL_PRESETS and config is None:
         raise CheckpointError(f"synth preset {preset!r}: expected a tiny preset (real sizes {REAL_PRESETS} are "
                               f"config-only; load a real checkpoint directory instead)")
+    if flavor == "official-dspark" and not c.dspark_block_size:
+        c = with_dspark(c)   # the 0731/0813 form of the preset: its DSpark keys and stages
     out = Path(out)
     write_checkpoint(out, c, build_tensors(c, flavor, quant, seed), flavor, shard_bytes)
     return out

@@ -33,7 +33,7 @@ def rope_omega(config: DSV4Config, compressed: bool) -> torch.Tensor:
     r = config.qk_rope_head_dim
     theta = config.compress_rope_theta if compressed else config.rope_theta
     omega = 1.0 / (theta ** (torch.arange(0, r, 2, dtype=torch.float32) / r))
-    if not compressed:
+    if not compressed or config.original_seq_len <= 0:   # OFF-M: original_seq_len 0 disables YaRN (§11)
         return omega
     ramp = yarn_ramp(r, theta, config.original_seq_len, config.beta_fast, config.beta_slow)
     return omega / config.rope_factor * ramp + omega * (1.0 - ramp)

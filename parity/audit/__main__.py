@@ -173,10 +173,10 @@ def main(argv: Sequence[str] | None = None, console: Any = None) -> int:
     args = build_parser().parse_args(argv)
     from rich.console import Console
 
-    from ..cli import run_cli
+    from ..cli import outputs_of, run_cli
 
     cmd = {"run": cmd_run, "weights": cmd_weights, "replay": cmd_replay}[args.command]
-    return run_cli(lambda c: cmd(args, c), console or Console())
+    return run_cli(lambda c: cmd(args, c), console or Console(), outputs_of(args, out="dir"))
 
 
 if __name__ == "__main__":

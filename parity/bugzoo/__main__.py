@@ -21,7 +21,8 @@ from rich.console import Console
 from dsv4.plan import resolve_plan
 from dsv4.prompts import PromptSetError
 
-from ..cli import EXIT_FAIL, EXIT_PASS, EXIT_TOOL_FAILED, parse_device, progress_bars, run_cli, set_threads
+from ..cli import (EXIT_FAIL, EXIT_PASS, EXIT_TOOL_FAILED, outputs_of, parse_device, progress_bars, run_cli,
+                   set_threads)
 from ..errors import ParityInputError, PromptError
 from ..records import atomic_write_json, write_records
 from ..rules import load_rules
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
             return EXIT_TOOL_FAILED
         return EXIT_PASS if result.passed else EXIT_FAIL
 
-    return run_cli(body, console)
+    return run_cli(body, console, outputs_of(args))
 
 
 if __name__ == "__main__":

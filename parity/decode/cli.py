@@ -16,7 +16,7 @@ from rich.console import Console
 from dsv4.plan import resolve_plan
 
 from ..cli import (DTYPES, EXIT_FAIL, EXIT_PASS, add_run_arguments, parse_device, parse_device_map, progress_bars,
-                   load_run_source, run_cli)
+                   load_run_source, outputs_of, run_cli)
 from ..env import code_version, device_name
 from ..errors import ParityInputError
 from ..inputs import EncodedPrompt
@@ -187,6 +187,6 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
             atomic_write_json(args.json, json_safe(_summary(spec, run, verdict, free_fail, wall)))
         return EXIT_PASS if verdict.passed else EXIT_FAIL
 
-    return run_cli(body, console)
+    return run_cli(body, console, outputs_of(args))
 
 

@@ -9,9 +9,7 @@ Exit codes: 0 written, 2 bad input (e.g. a store without study summaries).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -36,19 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Temporary file + rename: a reader never sees half a report. World-readable like any output
-    (mkstemp makes the temporary file private)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """A reader never sees half a report (dsv4.atomic_io)."""
+    from dsv4.atomic_io import atomic_write_text
+
+    atomic_write_text(path, text)
 
 
 def run_studies(args: argparse.Namespace, console) -> EvalStore:
@@ -94,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(f"wrote {args.out} ({len(html.encode()) / 1024:.0f} KiB) from {store.root}")
         return 0
 
-    return run_tool(body)
+    return run_tool(body, args, out="file", records="")
 
 
 if __name__ == "__main__":

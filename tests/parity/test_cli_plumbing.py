@@ -117,6 +117,7 @@ def _wordlevel_checkpoint(tiny, tmp_path: Path) -> Path:
             shutil.copy(f, d / f.name)
     vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
     vocab.update({w: len(vocab) + n for n, w in enumerate(["hello", "[UNK]"])})
+    vocab.update({f"filler{k}": k for k in range(len(vocab), tiny.config.vocab_size)})   # fits the model
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])

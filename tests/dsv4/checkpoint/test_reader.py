@@ -115,7 +115,7 @@ def test_fingerprint_tracks_config_and_headers(tmp_path, nv_tensors):
     a = open_checkpoint(write(tmp_path / "a", nv_tensors)).fingerprint()
     assert open_checkpoint(write(tmp_path / "same", nv_tensors)).fingerprint() == a
     # headers, not values, are hashed (cheap for 1.6 TB): a changed dtype or config shows up
-    t2 = _set(nv_tensors, "norm.weight", nv_tensors["norm.weight"].float())
+    t2 = _set(nv_tensors, "layers.0.ffn.gate.tid2eid", nv_tensors["layers.0.ffn.gate.tid2eid"].int())
     assert open_checkpoint(write(tmp_path / "dtype", t2)).fingerprint() != a
     cfg = TINY.to_hf_dict()
     cfg["rope_theta"] = 20000.0

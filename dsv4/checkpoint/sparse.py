@@ -1,0 +1,149 @@
+"""Full-size checkpoints without the weights: safetensors shards whose headers carry every real name,
+shape, dtype and offset of a layout, and whose data regions are holes in a sparse file (a few KB on
+disk). Every path that validates, plans memory and lazily opens tensors runs on them; a tensor read
+returns zeros.
+
+``python -m dsv4.checkpoint.sparse --preset flash-0731 --flavor official-dspark --out DIR``
+
+The tensor set is the one the layout implies for the config (``layouts.py`` + ``names.py``, the
+same naming the synthetic writer uses), or, with ``--headers FILE``, exactly the ``{shard: {name:
+{dtype, shape}}}`` of a published index and headers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+from pathlib import Path
+from typing import Mapping
+
+from ..config import DSV4Config, load_config, with_dspark
+from .errors import CheckpointError
+from .formats import ceil_div
+from .layouts import FLAVORS, get_layout
+from .names import INDEX, LINEAR, NORM, PARAM, TABLE, all_weights
+
+DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "F8_E8M0": 1, "U8": 1, "I8": 1, "I32": 4, "I64": 8}
+_ROLE_DTYPES = {   # per stored format: role -> (dtype, shape from the logical [n, k])
+    "fp8": {"weight": ("F8_E4M3", lambda n, k: (n, k)), "scale": ("F8_E8M0", lambda n, k: (ceil_div(n, 128),
+                                                                                           ceil_div(k, 128)))},
+    "mxfp4": {"weight": ("I8", lambda n, k: (n, k // 2)), "scale": ("F8_E8M0", lambda n, k: (n, k // 32))},
+    "nvfp4": {"weight": ("U8", lambda n, k: (n, k // 2)), "weight_scale": ("F8_E4M3", lambda n, k: (n, k // 16)),
+              "weight_scale_2": ("F32", lambda n, k: ()), "input_scale": ("F32", lambda n, k: ())},
+    "bf16": {"weight": ("BF16", lambda n, k: (n, k))},
+}
+DEFAULT_SHARD_BYTES = 5 * 10**9
+
+
+def expected_tensors(c: DSV4Config, flavor: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{stored name: (dtype, shape)}`` of a checkpoint of ``c`` in layout ``flavor``."""
+    from .synth import linear_format, role_names   # the writer's own naming (imports torch)
+
+    layout = get_layout(flavor)
+    with_mtp = layout.naming == "official" and (c.dspark_stages > 0 or c.num_nextn_predict_layers > 0)
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for spec in all_weights(c, mtp=with_mtp):
+        if spec.kind == LINEAR:
+            fmt = linear_format(spec, c, flavor, "bf16")
+            table = _ROLE_DTYPES[fmt]
+            names = role_names(spec, table, flavor)
+            for role, (dtype, shape_of) in table.items():
+                out[names[role]] = (dtype, tuple(shape_of(*spec.shape)))
+            continue
+        dtype = {NORM: "BF16", TABLE: "BF16", PARAM: "F32", INDEX: "I64"}[spec.kind]
+        out[role_names(spec, ["weight"], flavor)["weight"]] = (dtype, tuple(spec.shape))
+    return out
+
+
+def write_sparse(out: Path, shards: Mapping[str, Mapping[str, tuple[str, tuple[int, ...]]]],
+                 config: Mapping[str, object]) -> Path:
+    """Write ``{shard file: {name: (dtype, shape)}}`` as sparse safetensors files, the index and config."""
+    out.mkdir(parents=True, exist_ok=True)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for fname, tensors in shards.items():
+        header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+        off = 0
+        for name, (dtype, shape) in tensors.items():
+            if dtype not in DTYPE_BYTES:
+                raise CheckpointError(f"tensor '{name}': dtype: expected one of {sorted(DTYPE_BYTES)}, found {dtype!r}")
+            n = DTYPE_BYTES[dtype]
+            for d in shape:
+                n *= d
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
+            off += n
+            weight_map[name] = fname
+        raw = json.dumps(header, separators=(",", ":")).encode()
+        raw += b" " * (-len(raw) % 8)
+        with (out / fname).open("wb") as f:
+            f.write(struct.pack("<Q", len(raw)))
+            f.write(raw)
+            f.truncate(8 + len(raw) + off)   # the data region is a hole: no blocks on disk
+        total += off
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=1))
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def shard(tensors: Mapping[str, tuple[str, tuple[int, ...]]], shard_bytes: int) -> dict[str, dict]:
+    groups: list[dict] = [{}]
+    size = 0
+    for name, (dtype, shape) in tensors.items():
+        n = DTYPE_BYTES[dtype]
+        for d in shape:
+            n *= d
+        if groups[-1] and size + n > shard_bytes:
+            groups.append({})
+            size = 0
+        groups[-1][name] = (dtype, shape)
+        size += n
+    k = len(groups)
+    return {f"model-{i + 1:05d}-of-{k:05d}.safetensors": g for i, g in enumerate(groups)}
+
+
+def sparse_checkpoint(config: DSV4Config, flavor: str, out: Path, shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
+    if get_layout(flavor).drafts == ("dspark",) and not config.dspark_block_size:
+        config = with_dspark(config)
+    cfg = config.to_transformers_dict() if flavor == "hf" else config.to_hf_dict()
+    from .quant_configs import layout_quant_files
+
+    extra = layout_quant_files(get_layout(flavor), config)
+    if "quantization_config" in extra:
+        cfg["quantization_config"] = extra.pop("quantization_config")
+    write_sparse(out, shard(expected_tensors(config, flavor), shard_bytes), cfg)
+    for fname, content in extra.items():
+        (out / fname).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dsv4.checkpoint.sparse", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="flash", help="a config preset (flash, pro, flash-0731, pro-0813, tiny) "
+                   "or a config.json")
+    p.add_argument("--flavor", default="official", choices=FLAVORS)
+    p.add_argument("--headers", help="JSON {shard: {name: {dtype, shape}}} of a published checkpoint")
+    p.add_argument("--out", required=True)
+    p.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES)
+    a = p.parse_args(argv)
+    try:
+        config = load_config(a.preset)
+        out = Path(a.out)
+        if a.headers:
+            raw = json.loads(Path(a.headers).read_text())
+            shards = {f: {n: (m["dtype"], tuple(m["shape"])) for n, m in t.items() if n != "__metadata__"}
+                      for f, t in raw.items()}
+            write_sparse(out, shards, config.to_hf_dict())
+        else:
+            sparse_checkpoint(config, a.flavor, out, a.shard_bytes)
+    except (CheckpointError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    files = sorted(out.iterdir())
+    print(f"wrote {out}: {len(files)} files, {sum(f.stat().st_size for f in files) / 1e6:.1f} MB apparent")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
