@@ -1,4 +1,4 @@
-"""PrecisionPlan: which format each component class computes in. Data, not code (design.md principle 4).
+"""PrecisionPlan: which format each component class computes in. Data, not code (docs/design.md principle 4).
 
 A plan maps every plan class of ``dsv4.probes.PLAN_CLASSES`` to one format:
 

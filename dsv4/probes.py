@@ -1,4 +1,4 @@
-"""Probe names (the normative list of design.md) and a tiny emit/record bus.
+"""Probe names (the normative list: docs/model_surface.md) and a tiny emit/record bus.
 
 Both models call ``emit(name, tensor)`` at every probe point. With no recorder active this is one
 ContextVar read and a ``None`` check, so it costs nothing measurable. The harness activates a

@@ -1,5 +1,5 @@
 """parity: the harness comparing the BF16 reference, the native model on the emulated backend, and
-the native model on a kernel backend (design.md; parity-methods.md).
+the native model on a kernel backend (docs/design.md; docs/methods.md).
 
 Library entry points (the CLIs are thin shells over these):
 

@@ -27,7 +27,14 @@ Method (also written at the top of the file it produces):
 from __future__ import annotations
 
 import argparse
-import datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from rich.console import Console
+    from .rules import RuleSet
+    from .runner import ModelLoaders
+
 import math
 import re
 import sys
@@ -36,23 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import pandas as pd
-from rich.console import Console
 
-from dsv4.encoding import THINKING_MODES
-from dsv4.plan import resolve_plan
-from dsv4.probes import parse_probe
-from dsv4.prompts import holdout_prompt_path
 
 from .cli import EXIT_PASS, outputs_of, parse_device, progress_bars, run_cli, set_threads
-from .env import code_version, device_name
-from .errors import ParityInputError
-from .inputs import encode_prompts, select_prompts
-from .records import ALL_PROMPTS, atomic_write_text, frame_records, to_frame, write_records
-from .rules import DEFAULT_SETTINGS, RuleSet, default_rules_path, parse_rules
-from .runner import DefaultLoaders, ModelLoaders
-from .source import resolve_checkpoint
-from .threeway import RunSpec, run_threeway, settings_from_rules
 
 DEFAULT_SEEDS = (1, 2, 3)
 DEFAULT_MARGIN = 2.0
@@ -152,6 +145,8 @@ BUG_BUDGET_LOGITS = (("kl_mean", "<=", 1e-3),)
 
 
 def probe_group(name: str) -> str:
+    from dsv4.probes import parse_probe
+
     layer, suffix = parse_probe(name)
     if layer is None:
         return "^" + re.escape(suffix) + "$"
@@ -180,6 +175,8 @@ def threshold(p: Policy, worst: float, margin: float, floor: float | None = None
 
 def derive_rules(df: pd.DataFrame, margin: float) -> list[dict[str, Any]]:
     """Rules (as TOML-ready dicts) from clean records, by the method of the module doc."""
+    import pandas as pd
+
     rules: list[dict[str, Any]] = []
     sub = df[df["metric"].isin(POLICIES) & df["pair"].isin(["logic", "floor"])].copy()
     sub["group"] = [probe_group(p) for p in sub["probe"]]
@@ -216,6 +213,9 @@ def leave_one_out(df: pd.DataFrame, margin: float, column: str = "seed") -> tupl
     """Calibrate on all values of ``column`` (seeds; prompt ids for one real checkpoint) but one and
     judge the held-out one's records: (failed judgements, judgements, descriptions). Evidence that
     the margins hold on inputs the rules never saw."""
+    from .records import ALL_PROMPTS
+    from .rules import DEFAULT_SETTINGS, parse_rules
+
     from .rules import judge
 
     failed, total, what = 0, 0, []
@@ -237,6 +237,8 @@ _HEADER_BLANK = {k: "" for k in ("source", "profiles", "plan", "margin", "tail",
 
 
 def bug_budget_rules(df: pd.DataFrame, margin: float) -> list[dict[str, Any]]:
+    from .records import ALL_PROMPTS
+
     bb = df[df["pair"] == "bug_budget"]
     if not bb.empty:   # a kernel backend ran during calibration: calibrate it like the others
         relabeled = bb.assign(pair="floor")
@@ -317,6 +319,12 @@ def calibrate(*, sources: Sequence[tuple[str, int]], plan: Any, profiles: Sequen
     """Run the clean calibration matrix over ``sources`` ((checkpoint or preset, seed) pairs) and
     return its records. ``bug_budget=False`` leaves the kernel backend out (its rules then stay the
     H200-derived defaults)."""
+    from .inputs import encode_prompts, select_prompts
+    from .records import to_frame
+    from .rules import DEFAULT_SETTINGS, RuleSet
+    from .source import resolve_checkpoint
+    from .threeway import RunSpec, run_threeway, settings_from_rules
+
     base = settings or RuleSet((), dict(DEFAULT_SETTINGS))
     records: list[dict[str, Any]] = []
     for spec, seed in sources:
@@ -348,6 +356,11 @@ class CalibrationSource:
 
 def calibration_source(args: argparse.Namespace, console: Console) -> CalibrationSource:
     """Validate the source flags (before anything runs) and describe the source."""
+    from dsv4.prompts import holdout_prompt_path
+    from .errors import ParityInputError
+    from .rules import default_rules_path
+    from .source import resolve_checkpoint
+
     if args.checkpoint is None:
         seeds = [int(s) for s in (args.seeds or ",".join(map(str, DEFAULT_SEEDS))).split(",") if s.strip()]
         if 0 in seeds:
@@ -379,6 +392,9 @@ def calibration_source(args: argparse.Namespace, console: Console) -> Calibratio
 
 def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = None,
          console: Console | None = None) -> int:
+    from dsv4.encoding import THINKING_MODES
+    from .constants import default_rules_path
+
     ap = argparse.ArgumentParser(prog="python -m parity.calibrate", description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="tiny", help="synthetic preset calibrated over --seeds (default tiny)")
     ap.add_argument("--seeds", default=None, help=f"synthetic seeds (default {','.join(map(str, DEFAULT_SEEDS))})")
@@ -396,6 +412,13 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
     args = ap.parse_args(argv)
 
     def body(console: Console) -> int:
+        import datetime
+        from dsv4.plan import resolve_plan
+        from .env import code_version, device_name
+        from .records import atomic_write_text, frame_records, write_records
+        from .rules import DEFAULT_SETTINGS, parse_rules
+        from .runner import DefaultLoaders
+
         t0 = time.perf_counter()
         source = calibration_source(args, console)
         out = Path(args.out) if args.out else default_rules_path()

@@ -11,20 +11,20 @@ import argparse
 import sys
 from typing import Sequence
 
-import pandas as pd
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from rich.console import Console
+
 
 from .cli import EXIT_FAIL, EXIT_PASS, outputs_of, run_cli
-from .errors import RecordsError
-from .records import atomic_write_json, read_records
-from .render import rules_report
-from .rules import load_rules
-from .verdict import evaluate
 
 
 def check_consistent(df: pd.DataFrame) -> None:
     """One checkpoint overall; one plan and one reference profile per pair."""
+    from .errors import RecordsError
+
     fps = sorted(df["checkpoint_fingerprint"].unique())
     if len(fps) > 1:
         raise RecordsError(f"records: expected one checkpoint, found {len(fps)} fingerprints "
@@ -45,6 +45,12 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
     args = p.parse_args(argv)
 
     def body(console: Console) -> int:
+        from rich.table import Table
+        from .records import atomic_write_json, read_records
+        from .render import rules_report
+        from .rules import load_rules
+        from .verdict import evaluate
+
         rules = load_rules(args.rules)
         df = read_records(args.records)
         check_consistent(df)

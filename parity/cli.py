@@ -1,4 +1,7 @@
-"""Shared CLI plumbing: exit codes, the error boundary, device parsing, rich progress bars."""
+"""Shared CLI plumbing: exit codes, the error boundary, device parsing, rich progress bars.
+
+Light at import (no torch, pandas or numpy): every ``python -m ... --help`` answers at once, so the
+heavy imports live inside the functions that need them."""
 from __future__ import annotations
 
 import gc
@@ -8,19 +11,21 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
-import torch
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-from dsv4.checkpoint import CheckpointError
+from dsv4.checkpoint.errors import CheckpointError
 from dsv4.config import ConfigError
 from dsv4.plan import PlanError
 from dsv4.tokenizer import TokenizerError
 
 from .errors import ParityInputError
-from .render import error
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPE_NAMES = ("bf16", "fp32")
+
+
+def torch_dtype(name: str) -> Any:
+    """``--ref-dtype`` name -> torch dtype."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 # One contract for every CLI: 0 pass, 1 verdict failure, 2 bad input, 3 the tool itself failed (one
 # line on the console, the traceback in a log file whose path is printed), 130 interrupted.
@@ -80,9 +85,12 @@ def check_outputs(outputs: Mapping[str, tuple[str, str]]) -> None:
                                    f"({where})") from None
 
 
-def run_cli(body: Callable[[Console], int], console: Console | None = None,
+def run_cli(body: Callable[[Any], int], console: Any = None,
             outputs: Mapping[str, tuple[str, str]] | None = None) -> int:
-    console = console or Console()
+    from .console import make_console
+    from .render import error
+
+    console = console or make_console()
     # Everything imported so far (torch, pandas, rich) is long-lived: freezing it keeps the cyclic
     # garbage collector from re-scanning it on every collection the harness's ~10^4 records per run
     # trigger (measured: ~0.25 s of a tiny run, most of the metric overhead).
@@ -132,6 +140,8 @@ def resolve_run_plan(plan_arg: str, checkpoint: str | None) -> Any:
 
 def parse_device(device: str | None, *, must_exist: bool = True) -> str:
     """``must_exist=False`` (dry runs) checks only the syntax: one can plan for GPUs one lacks."""
+    import torch
+
     from .env import best_device
 
     if device is None:
@@ -169,6 +179,8 @@ TINY_HIDDEN = 1024
 
 
 def set_threads(threads: int | None, device: str, config: Any) -> None:
+    import torch
+
     if threads is not None:
         if threads < 1:
             raise ParityInputError(f"--threads: expected a positive int, found {threads}")
@@ -186,14 +198,22 @@ def load_run_source(args: Any, device: str) -> tuple[Any, list[Any]]:
     src = resolve_checkpoint(args.checkpoint, args.seed)
     set_threads(args.threads, device, src.config)
     prompts = encode_prompts(select_prompts(args.mode, args.prompt, args.prompt_set), src.tokenizer,
-                             src.config.vocab_size)
+                             src.config.vocab_size, reasoning_effort=getattr(args, "reasoning_effort", None))
     return src, prompts
 
 
 @contextmanager
-def progress_bars(console: Console) -> Iterator[Callable[[str, int, int], None]]:
+def progress_bars(console: Any) -> Iterator[Callable[[str, int, int], None]]:
     """A ``progress(description, done, total)`` callback drawing one transient bar per description
-    on stderr, so stdout keeps only the report."""
+    on stderr, so stdout keeps only the report; plain timestamped lines when stderr is no terminal."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .console import PlainProgress
+
+    if not (console.is_terminal or sys.stderr.isatty()):
+        yield PlainProgress().update
+        return
     bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    console=Console(file=sys.stderr, force_terminal=console.is_terminal), transient=True)
     tasks: dict[str, Any] = {}
@@ -213,6 +233,9 @@ def add_run_arguments(p: Any, *, backend_help: str, profile_help: str, topk_defa
     from dsv4.encoding import THINKING_MODES
 
     p.add_argument("--mode", choices=THINKING_MODES, default="chat")
+    p.add_argument("--reasoning-effort", choices=("high", "max"), default=None,
+                   help="thinking prompts only: the encoder's reasoning-effort setting (April encoding: 'max' "
+                        "prepends its paragraph); prompt ids get an '@effort' suffix")
     p.add_argument("--checkpoint", default="tiny", help="checkpoint directory or preset (default: tiny)")
     p.add_argument("--seed", type=int, default=0, help="synthetic seed when --checkpoint is a tiny preset")
     p.add_argument("--prompt", action="append", help="prompt id of the set, or free text (repeatable); "
@@ -222,7 +245,7 @@ def add_run_arguments(p: Any, *, backend_help: str, profile_help: str, topk_defa
                    "file, or 'checkpoint' (the plan of a ModelOpt / compressed-tensors checkpoint)")
     p.add_argument("--backend", default="auto", help=backend_help)
     p.add_argument("--profile", choices=("bf16", "official"), default="bf16", help=profile_help)
-    p.add_argument("--ref-dtype", choices=sorted(DTYPES), default="bf16", help="reference activation dtype")
+    p.add_argument("--ref-dtype", choices=DTYPE_NAMES, default="bf16", help="reference activation dtype")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: best available)")
     p.add_argument("--device-map", default=None, help='JSON {"embed"|"head"|layer: device}')
     p.add_argument("--rules", default=None, help="thresholds TOML (default: parity/thresholds/default.toml)")

@@ -1,4 +1,4 @@
-"""Per-probe comparison of two models' probe outputs, as records (parity-methods.md §3, §4, §6).
+"""Per-probe comparison of two models' probe outputs, as records (docs/methods.md §3, §4, §6).
 
 Both modes produce the same records; they differ only in how the test side's probes were obtained
 (:mod:`parity.runner`): *propagated* (both models ran freely on the prompt) or *isolated* (each test

@@ -17,30 +17,27 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-import torch
-from rich.console import Console
+from typing import TYPE_CHECKING
 
-from dsv4.probes import probe_names
-from dsv4.prompts import load_prompt_set
+if TYPE_CHECKING:
+    import torch
+    from rich.console import Console
+    from .dumps import Dump
+    from .inputs import EncodedPrompt
+    from .runner import ModelLoaders
+    from .source import CheckpointSource
+
+
 
 from .cli import EXIT_FAIL, EXIT_PASS, outputs_of, parse_device, progress_bars, run_cli, set_threads
-from .compare import Where, compare_probes
-from .dumps import Dump, find_dumps, read_dump
-from .env import code_version
-from .errors import DumpError
-from .inputs import EncodedPrompt, encode_prompts
-from .logits_stats import FIRST_PREFIX, KL_DIRECTION, PositionStats, summarize
-from .records import ALL_PROMPTS, atomic_write_json, to_frame, write_records
-from .render import layer_table, prompt_panel, rules_report, selection_table, stat_table
-from .rules import load_rules
-from .runner import DefaultLoaders, ModelLoaders
-from .source import CheckpointSource, resolve_checkpoint
-from .threeway import ColumnResult, RunSpec, run_context, run_reference, set_mode_of, settings_from_rules
-from .verdict import evaluate
 
 
 def dump_prompt(dump: Dump, src: CheckpointSource) -> EncodedPrompt:
     """The dump's prompt, validated against the checkpoint's vocabulary and tokenizer."""
+    from dsv4.prompts import load_prompt_set
+    from .errors import DumpError
+    from .inputs import EncodedPrompt, encode_prompts
+
     ids, vocab = dump.token_ids, src.config.vocab_size
     bad = [i for i in ids if not 0 <= i < vocab]
     if bad:
@@ -67,6 +64,9 @@ def dump_prompt(dump: Dump, src: CheckpointSource) -> EncodedPrompt:
 
 
 def check_probe_set(dump: Dump, src: CheckpointSource) -> None:
+    from dsv4.probes import probe_names
+    from .errors import DumpError
+
     c = src.config
     expected = probe_names(c.num_hidden_layers, [c.layer_kind(i) for i in range(c.num_hidden_layers)])
     missing = [n for n in expected if n not in dump.probes]
@@ -77,6 +77,8 @@ def check_probe_set(dump: Dump, src: CheckpointSource) -> None:
 
 
 def check_shapes(dump: Dump, anchor: dict[str, torch.Tensor]) -> None:
+    from .errors import DumpError
+
     bad = [f"{n}: dump {tuple(dump.probes[n].shape)}, reference {tuple(t.shape)}"
            for n, t in anchor.items() if n in dump.probes and tuple(dump.probes[n].shape) != tuple(t.shape)]
     if bad:
@@ -100,6 +102,19 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
     args = ap.parse_args(argv)
 
     def body(console: Console) -> int:
+        from .compare import Where, compare_probes
+        from .dumps import find_dumps, read_dump
+        from .env import code_version
+        from .errors import DumpError
+        from .logits_stats import FIRST_PREFIX, KL_DIRECTION, PositionStats, summarize
+        from .records import ALL_PROMPTS, atomic_write_json, to_frame, write_records
+        from .render import layer_table, prompt_panel, rules_report, selection_table, stat_table
+        from .rules import load_rules
+        from .runner import DefaultLoaders
+        from .source import resolve_checkpoint
+        from .threeway import ColumnResult, RunSpec, run_context, run_reference, set_mode_of, settings_from_rules
+        from .verdict import evaluate
+
         t0 = time.perf_counter()
         rules = load_rules(args.rules)
         device = parse_device(args.device)

@@ -28,20 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import torch
-from rich.console import Console
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from typing import TYPE_CHECKING
 
-from dsv4.encoding import THINKING_MODES
-from dsv4.plan import resolve_plan
-from dsv4.probes import parse_probe
+if TYPE_CHECKING:
+    import torch
+    from rich.console import Console
+    from .inputs import EncodedPrompt
+    from .runner import ModelLoaders
+
+
 
 from .cli import EXIT_PASS, outputs_of, parse_device, run_cli, set_threads
-from .errors import DumpError
-from .inputs import EncodedPrompt, encode_prompts, select_prompts
-from .runner import DefaultLoaders, ModelLoaders, run_propagated
-from .source import resolve_checkpoint
 
 FORMAT = "dsv4-parity-dump"
 FORMAT_VERSION = 1
@@ -78,6 +75,11 @@ def write_dump(out: str | Path, probes: Mapping[str, torch.Tensor], *, engine: s
                dtype: str | None = None) -> Path:
     """Write one dump atomically (a temporary directory renamed into place; an existing dump at
     ``out`` is replaced)."""
+    from safetensors.torch import save_file
+    from dsv4.encoding import THINKING_MODES
+    from dsv4.probes import parse_probe
+    from .errors import DumpError
+
     out = Path(out)
     for name in probes:
         try:
@@ -106,6 +108,12 @@ def write_dump(out: str | Path, probes: Mapping[str, torch.Tensor], *, engine: s
 
 
 def read_dump(path: str | Path) -> Dump:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    from dsv4.encoding import THINKING_MODES
+    from dsv4.probes import parse_probe
+    from .errors import DumpError
+
     d = Path(path)
     try:
         manifest = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
@@ -148,6 +156,8 @@ def read_dump(path: str | Path) -> Dump:
 
 def find_dumps(root: str | Path) -> list[Path]:
     """``root`` itself when it holds a manifest, else its subdirectories that do (sorted)."""
+    from .errors import DumpError
+
     r = Path(root)
     if not r.is_dir():
         raise DumpError(f"--dumps: expected a directory, found nothing at {r}")
@@ -163,6 +173,8 @@ def dump_from_native(model: Any, prompts: Sequence[EncodedPrompt], out: str | Pa
                      device: str = "cpu") -> list[Path]:
     """Run ``model`` (any model of the surface) on each prompt and write one dump per prompt in
     ``out/<prompt id>/``: the documented example of producing a dump."""
+    from .runner import run_propagated
+
     paths = []
     for p in prompts:
         side = run_propagated(model, p.tensor(), device)
@@ -173,6 +185,8 @@ def dump_from_native(model: Any, prompts: Sequence[EncodedPrompt], out: str | Pa
 
 def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = None,
          console: Console | None = None) -> int:
+    from dsv4.encoding import THINKING_MODES
+
     ap = argparse.ArgumentParser(prog="python -m parity.dumps", description="Write engine dumps (see module doc).")
     ap.add_argument("--from-native", action="store_true", required=True,
                     help="dump the native model's own probes (the example converter)")
@@ -187,6 +201,11 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
     args = ap.parse_args(argv)
 
     def body(console: Console) -> int:
+        from dsv4.plan import resolve_plan
+        from .inputs import encode_prompts, select_prompts
+        from .runner import DefaultLoaders
+        from .source import resolve_checkpoint
+
         plan = resolve_plan(args.plan)
         device = parse_device(args.device)
         src = resolve_checkpoint(args.checkpoint, args.seed)

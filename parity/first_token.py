@@ -19,22 +19,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from rich.console import Console
+from .cli import (EXIT_FAIL, EXIT_PASS, add_run_arguments, outputs_of, parse_device, parse_device_map,
+                  resolve_run_plan, run_cli, torch_dtype)
+from .constants import COLUMNS, DEFAULT_TOPK, KL_DIRECTION
 
-
-from .cli import (DTYPES, EXIT_FAIL, EXIT_PASS, add_run_arguments, load_run_source, parse_device,
-                  outputs_of, parse_device_map, progress_bars, resolve_run_plan, run_cli)
-from .env import code_version, device_name
-from .inputs import encode_prompts, select_prompts
-from .logits_stats import DEFAULT_TOPK, KL_DIRECTION
-from .memory import estimate
-from .records import atomic_write_json, json_safe, to_frame, write_records
-from .render import columns_table, header, layer_table, prompt_panel, rules_report, selection_table, stat_table
-from .rules import load_rules
-from .runner import DefaultLoaders, ModelLoaders
-from .summary import layer_cosines, stat_block
-from .threeway import COLUMNS, RunSpec, ThreeWayResult, run_threeway, settings_from_rules
-from .verdict import Verdict, evaluate
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m parity.first_token", description=__doc__.split("\n\n")[0])
@@ -48,7 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_summary(result: ThreeWayResult, verdict: Verdict, df: Any, wall: float) -> dict[str, Any]:
+def run_summary(result: Any, verdict: Any, df: Any, wall: float) -> dict[str, Any]:
+    from .env import code_version, device_name
+    from .summary import layer_cosines, stat_block
+
     spec = result.spec
     pairs = [p for p in COLUMNS if p in result.columns and result.columns[p].ran]
     lc = layer_cosines(df)
@@ -72,9 +63,13 @@ def run_summary(result: ThreeWayResult, verdict: Verdict, df: Any, wall: float) 
     }
 
 
-def _dry_run(console: Console, args: argparse.Namespace, plan: Any, device: str) -> int:
+def _dry_run(console: Any, args: argparse.Namespace, plan: Any, device: str) -> int:
     from dsv4.config import REAL_PRESETS, layer_devices, load_config
     from dsv4.tokenizer import load_tokenizer, tiny_tokenizer
+
+    from .inputs import encode_prompts, select_prompts
+    from .memory import estimate
+    from .records import atomic_write_json
 
     from .render import fmt
 
@@ -126,11 +121,20 @@ def _dry_run(console: Console, args: argparse.Namespace, plan: Any, device: str)
     return EXIT_PASS
 
 
-def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = None,
-         console: Console | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, loaders: Any = None, console: Any = None) -> int:
     args = build_parser().parse_args(argv)
 
-    def body(console: Console) -> int:
+    def body(console: Any) -> int:
+        from .cli import load_run_source, progress_bars
+        from .env import code_version, device_name
+        from .records import atomic_write_json, json_safe, to_frame, write_records
+        from .render import (columns_table, header, layer_table, prompt_panel, rules_report, selection_table,
+                             stat_table)
+        from .rules import load_rules
+        from .runner import DefaultLoaders
+        from .threeway import RunSpec, run_threeway, settings_from_rules
+        from .verdict import evaluate
+
         t_start = time.perf_counter()
         plan = resolve_run_plan(args.plan, args.checkpoint)
         device = parse_device(args.device, must_exist=not args.dry_run)
@@ -140,7 +144,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
         columns = [c.strip() for c in args.columns.split(",") if c.strip()]
         src, prompts = load_run_source(args, device)
         spec = RunSpec(source=src, prompts=prompts, plan=plan, backend=args.backend, profile=args.profile,
-                       device=device, device_map=parse_device_map(args.device_map), ref_dtype=DTYPES[args.ref_dtype],
+                       device=device, device_map=parse_device_map(args.device_map), ref_dtype=torch_dtype(args.ref_dtype),
                        settings=settings_from_rules(rules, args.per_token),
                        reference_cache=Path(args.reference_cache) if args.reference_cache else None,
                        columns=columns)

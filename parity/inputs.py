@@ -2,7 +2,9 @@
 encoded with the checkpoint's tokenizer, validated against the model vocabulary."""
 from __future__ import annotations
 
+import difflib
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -37,6 +39,9 @@ def custom_prompt(text: str, mode: str) -> Prompt:
     return Prompt(id=f"custom-{digest}", mode=mode, messages=({"role": "user", "content": text},))
 
 
+_ID_LIKE = re.compile(r"[a-z0-9]+(-[a-z0-9]+)+")
+
+
 def select_prompts(mode: str, requested: Sequence[str] | None = None,
                    prompt_set: str | Path | None = None) -> list[Prompt]:
     """``requested`` entries are prompt ids of the set, or else free text for a user message. With
@@ -56,6 +61,11 @@ def select_prompts(mode: str, requested: Sequence[str] | None = None,
     out = []
     for r in requested:
         p = by_id.get(r)
+        if p is None and _ID_LIKE.fullmatch(r):
+            # 'thinking-arith' is a mistyped id, not a question: running it as text hides the typo
+            near = difflib.get_close_matches(r, list(by_id), n=3)
+            raise PromptError(f"--prompt {r!r}: expected a prompt id of the set (closest: {near or sorted(by_id)[:5]}) "
+                              f"or free text (with a space)")
         if p is None:
             out.append(custom_prompt(r, mode))
         elif p.mode != mode:
@@ -65,15 +75,23 @@ def select_prompts(mode: str, requested: Sequence[str] | None = None,
     return out
 
 
-def encode_prompts(prompts: Sequence[Prompt], tokenizer: DSV4Tokenizer, vocab_size: int) -> list[EncodedPrompt]:
+def encode_prompts(prompts: Sequence[Prompt], tokenizer: DSV4Tokenizer, vocab_size: int, *,
+                   reasoning_effort: str | None = None) -> list[EncodedPrompt]:
+    """Encode and tokenize; with ``reasoning_effort`` (thinking prompts only) each id becomes
+    ``id@effort`` so its records and cached references never mix with the plain prompt's."""
     out = []
     for p in prompts:
+        if reasoning_effort is not None and p.mode != "thinking":
+            raise PromptError(f"prompt {p.id!r}: --reasoning-effort applies to thinking prompts, found a "
+                              f"{p.mode!r} prompt (use --mode thinking)")
         try:
-            text = encode_messages([dict(m) for m in p.messages], thinking_mode=p.mode)
+            text = encode_messages([dict(m) for m in p.messages], thinking_mode=p.mode,
+                                   reasoning_effort=reasoning_effort)
             ids = tokenizer.encode(text, max_id=vocab_size - 1)
         except (EncodingError, TokenizerError) as e:
             raise PromptError(f"prompt {p.id!r}: cannot be encoded for this checkpoint: {e}") from None
         if not ids:
             raise PromptError(f"prompt {p.id!r}: encodes to no tokens")
-        out.append(EncodedPrompt(p.id, p.mode, text, tuple(ids)))
+        pid = p.id if reasoning_effort is None else f"{p.id}@{reasoning_effort}"
+        out.append(EncodedPrompt(pid, p.mode, text, tuple(ids)))
     return out

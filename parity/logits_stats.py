@@ -1,4 +1,4 @@
-"""Logits statistics in the llama.cpp ``--kl-divergence`` style (parity-methods.md §2).
+"""Logits statistics in the llama.cpp ``--kl-divergence`` style (docs/methods.md §2).
 
 Direction: **KL(reference || test)** = sum_v p_ref(v) (ln p_ref(v) - ln p_test(v)), over the full
 vocabulary, computed in float64 from the fp32 logits (never from quantized log-probs).
@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-KL_DIRECTION = "KL(reference || test), nats, full vocabulary"
-DEFAULT_TOPK = 5
+from .constants import DEFAULT_TOPK, KL_DIRECTION  # noqa: E402,F401  (re-exported)
 # A flip whose reference top-2 margin is below this many nats is a near tie (tie-aware agreement).
 DEFAULT_NEAR_TIE = 0.1
 KL_PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)

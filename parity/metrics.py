@@ -1,4 +1,4 @@
-"""Per-tensor comparison metrics (parity-methods.md §4), whole-tensor and per token (per row).
+"""Per-tensor comparison metrics (docs/methods.md §4), whole-tensor and per token (per row).
 
 Convention: ``a`` is the anchor (the higher-precision side, e.g. the reference), ``b`` the side under
 test. Everything is computed in float64 on the CPU, so a metric near its ideal value (cosine 1 - 1e-7)

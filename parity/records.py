@@ -1,4 +1,4 @@
-"""The record schema (design.md "Records"): one JSONL row per measured value, written atomically.
+"""The record schema (docs/records.md): one JSONL row per measured value, written atomically.
 
 Pass/fail is never stored: :mod:`parity.rules` judges records when they are read, so a changed
 threshold re-judges old records without re-running a model. Non-finite values (an SNR of identical
@@ -20,6 +20,7 @@ import pandas as pd
 from dsv4.atomic_io import atomic_write_text
 from dsv4.probes import component_of, parse_probe
 
+from .constants import COLUMNS
 from .errors import RecordsError
 
 SCHEMA_VERSION = 1
@@ -28,7 +29,7 @@ FIELDS: tuple[str, ...] = (
     "backend", "device", "versions", "seed", "fault", "prompt_id", "prompt_mode", "pair", "compare_mode",
     "position", "step", "probe", "layer", "component", "metric", "value",
 )
-PAIRS = ("logic", "floor", "bug_budget")
+PAIRS = COLUMNS
 COMPARE_MODES = ("propagated", "isolated")
 # The per-call kernel audit's records (parity.audit): judged by exact rules, not by a comparison mode.
 AUDIT_MODE = "audit"

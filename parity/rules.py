@@ -1,4 +1,4 @@
-"""Threshold rules (parity-methods.md §8): regex over probe names, a metric, an operator, a value.
+"""Threshold rules (docs/methods.md §8): regex over probe names, a metric, an operator, a value.
 
 A thresholds file is TOML::
 
@@ -26,7 +26,6 @@ import operator
 import re
 import tomllib
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -57,8 +56,7 @@ DEFAULT_SETTINGS: Mapping[str, float] = {"near_tie_logprob": DEFAULT_NEAR_TIE, "
 _NORMATIVE = tuple(probe_names(64))
 
 
-def default_rules_path() -> Path:
-    return Path(str(resources.files("parity").joinpath("thresholds").joinpath("default.toml")))
+from .constants import default_rules_path  # noqa: E402,F401  (re-exported)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Selection agreement for the router and the lightning indexer (parity-methods.md §6).
+"""Selection agreement for the router and the lightning indexer (docs/methods.md §6).
 
 Selections are discrete: a tiny score error can flip an expert, after which a layer differs by a
 whole expert. Each flip is classified by the **anchor's relative margin at the top-k cut**,

@@ -1,4 +1,4 @@
-"""The three columns (parity-methods.md §5), each a pair of models compared per probe and on logits:
+"""The three columns (docs/methods.md §5), each a pair of models compared per probe and on logits:
 
 * **logic**      = reference ``bf16`` profile in FP32 <-> native ``all-fp32`` plan, ``emulated`` backend.
   Both sides compute everything in FP32 (weights dequantized exactly, FP32 activations), so they agree
@@ -37,7 +37,7 @@ from .rules import RuleSet
 from .runner import DefaultLoaders, ModelLoaders, SideOutput, free_memory, run_isolated, run_propagated
 from .source import CheckpointSource
 
-COLUMNS = ("logic", "floor", "bug_budget")
+from .constants import COLUMNS  # noqa: E402  (the pairs, in report order)
 EMULATED = "emulated"
 LOGIC_PLAN = "all-fp32"
 LOGIC_PROFILE = "bf16"
@@ -270,7 +270,7 @@ class _Runner:
 
 
 def _kernels_missing(model: Any) -> list[str]:
-    """Code-path assertion (parity-methods.md §9): FP4 modules that never reached the kernel backend."""
+    """Code-path assertion (docs/methods.md §9): FP4 modules that never reached the kernel backend."""
     check = getattr(model, "assert_kernels_ran", None)
     if check is None:
         return []

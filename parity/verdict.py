@@ -1,6 +1,6 @@
 """Judging a run: rules applied to records, the verdict, and the first divergence per pair.
 
-First divergence (parity-methods.md §3): the first probe **in execution order** whose *isolated*
+First divergence (docs/methods.md §3): the first probe **in execution order** whose *isolated*
 error exceeds its threshold — not the first point where the propagated curve looks bad, since a
 layer can inherit error it did not cause. It names the probe's layer and component class.
 The floor column is reported as a floor only when the logic column passes: with a layer bug, the

@@ -1,5 +1,5 @@
 """precision_floor: which component classes must stay BF16 for the native NVFP4 model to meet a
-budget (parity-methods.md §7), measured with the parity harness and rendered as one HTML report.
+budget (docs/methods.md §7), measured with the parity harness and rendered as one HTML report.
 
 Library entry points (the ``python -m precision_floor.<tool>`` CLIs are thin shells over these):
 

@@ -38,17 +38,18 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
-from dsv4.plan import PrecisionPlan
-from parity.bugzoo.registry import Fault, FaultTargetError, get_fault, list_faults, load_faults_module
-from parity.threeway import LOGIC_PLAN
-from parity.rules import RuleSet, load_rules
-from parity.runner import DefaultLoaders, ModelLoaders
-from parity.verdict import evaluate as judge_verdict
+if TYPE_CHECKING:
+    import pandas as pd
+    from dsv4.plan import PrecisionPlan
+    from parity.bugzoo.registry import Fault
+    from parity.rules import RuleSet
+    from parity.runner import ModelLoaders
+    from .evaluate import Evaluator, Scorer
 
-from .errors import FloorInputError
-from .evaluate import FLIP_CLASSES, Evaluator, Scorer
+
+
 from .flips import DIRECTIONS, FlipTables, check_classes, flip_plan, paired_delta, per_prompt_kl, run_flips, \
     significant
 from .search import STRATEGIES, Budget, SearchResult, floor_search
@@ -70,6 +71,8 @@ class FaultLoaders:
     that model clean; ``applied[plan name]`` says which happened."""
 
     def __init__(self, fault: Fault, base: ModelLoaders | None = None) -> None:
+        from parity.runner import DefaultLoaders
+
         self.fault, self.base = fault, base or DefaultLoaders()
         self.applied: dict[str, dict[str, Any]] = {}
         self._stack: contextlib.ExitStack | None = None
@@ -78,6 +81,8 @@ class FaultLoaders:
         return self.base.reference(path, **kw)
 
     def native(self, path: str, *, plan: Any, backend: str, device: str, device_map: Any) -> Any:
+        from parity.bugzoo.registry import FaultTargetError
+
         self.close()
         model = self.base.native(path, plan=plan, backend=backend, device=device, device_map=device_map)
         stack = contextlib.ExitStack()
@@ -99,6 +104,8 @@ class FaultLoaders:
 
 
 def resolve_faults(names: Sequence[str] | None) -> list[Fault]:
+    from parity.bugzoo.registry import get_fault, list_faults
+
     if not names:
         return list_faults()
     return [get_fault(n) for n in names]
@@ -167,6 +174,11 @@ class FaultStudy:
 
 def logic_check(ev: Evaluator, rules: RuleSet) -> tuple[bool, str]:
     """(flags, first divergence) of the logic column of ``ev`` (propagated + isolated), judged."""
+    from dsv4.plan import PrecisionPlan
+    from parity.threeway import LOGIC_PLAN
+    from parity.verdict import evaluate as judge_verdict
+    from .evaluate import Evaluator
+
     logic = Evaluator(ev.source, ev.prompts, ev.store, profile="bf16", modes=LOGIC_MODES, loaders=ev.loaders,
                       fault=ev.context.fault, device=ev.device, settings=ev.settings, reuse=ev.reuse,
                       on_evaluated=ev.on_evaluated, manifest_extra=ev.manifest_extra)
@@ -182,6 +194,8 @@ def study_fault(clean: Evaluator, fault: Fault, budget: Budget | None, classes: 
                 directions: Sequence[str], rules: RuleSet, clean_search: SearchResult | None,
                 strategy: str = "ranked") -> FaultStudy:
     """One fault: its logic check, tables and search, against the clean ones (computed or loaded)."""
+    from dsv4.plan import PrecisionPlan
+
     loaders = FaultLoaders(fault, clean.loaders)
     faulty = clean.with_fault(fault.name, loaders, loaders.manifest_extra)
     try:
@@ -224,6 +238,8 @@ class AttributionResult:
     studies: list[FaultStudy] = field(default_factory=list)
 
     def frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.DataFrame([s.row() for s in self.studies])
 
     def to_json(self) -> dict[str, Any]:
@@ -242,6 +258,9 @@ def run_attribution(clean: Evaluator, faults: Sequence[Fault], *, budget: Budget
     """The study over ``faults``; the clean run of every table is computed (or loaded) once. The
     search defaults to the ``ranked`` strategy (at most 2n evaluations per fault: a fault's excess
     KL sends the steepest search through up to n(n+1)/2 plans); clean and faulty use the same."""
+    from parity.rules import load_rules
+    from .errors import FloorInputError
+
     classes = check_classes(classes)
     bad = [d for d in directions if d not in DIRECTIONS]
     if bad:
@@ -258,7 +277,6 @@ def run_attribution(clean: Evaluator, faults: Sequence[Fault], *, budget: Budget
 
 def main(argv: Sequence[str] | None = None) -> int:
     from .cli import add_common, open_session, run_tool
-    from .render import attribution_table
     from .search import DEFAULT_BUDGET_KL, DEFAULT_BUDGET_TOP1
 
     p = argparse.ArgumentParser(prog="python -m precision_floor.attribution", description=__doc__.split("\n\n")[0])
@@ -275,8 +293,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--strategy", choices=STRATEGIES, default="ranked", help="floor-search strategy (default ranked)")
     p.add_argument("--directions", default="rescue,damage", help="flip directions run per fault")
     args = p.parse_args(argv)
+    from .render import attribution_table
 
     def body(console) -> int:
+        from parity.bugzoo.registry import load_faults_module
+        from .constants import FLIP_CLASSES
+
         for m in args.faults_module:
             load_faults_module(m)
         session = open_session(args, console)

@@ -8,25 +8,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from rich.console import Console
+from typing import TYPE_CHECKING
 
-from dsv4.checkpoint.synth import cache_root
+if TYPE_CHECKING:
+    from rich.console import Console
+    from parity.inputs import EncodedPrompt
+    from parity.source import CheckpointSource
+    from .cache import EvalStore
+    from .evaluate import Evaluation, Evaluator
+
+
 from dsv4.encoding import THINKING_MODES
-from dsv4.prompts import load_prompt_set
 from parity.cli import outputs_of, parse_device, run_cli, set_threads
-from parity.inputs import EncodedPrompt, encode_prompts, select_prompts
-from parity.source import CheckpointSource, resolve_checkpoint
 
-from .cache import EvalStore
-from .errors import FloorInputError
-from .evaluate import Evaluation, Evaluator
-from .provenance import provenance
 
 ALL_MODES = "all"
 
 
 def default_records_dir(source: CheckpointSource) -> Path:
     """Per checkpoint, under the project cache (``DSV4_PARITY_CACHE``, default ~/.cache/dsv4-parity)."""
+    from dsv4.checkpoint.synth import cache_root
+
     return cache_root() / "precision-floor" / f"{source.config_name}-{source.fingerprint[:12]}"
 
 
@@ -47,6 +49,10 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 def pick_prompts(source: CheckpointSource, mode: str, ids: list[str] | None) -> list[EncodedPrompt]:
     """The standard prompt set (both modes unless ``mode`` picks one), optionally restricted to ids."""
+    from dsv4.prompts import load_prompt_set
+    from parity.inputs import encode_prompts, select_prompts
+    from .errors import FloorInputError
+
     if mode == ALL_MODES:
         prompts = load_prompt_set()
         if ids:
@@ -70,6 +76,8 @@ class Session:
 
     def header(self) -> dict[str, Any]:
         """What every study summary starts with: the context to replay it, and its provenance."""
+        from .provenance import provenance
+
         return {"context": self.evaluator.context.to_dict(),
                 "provenance": provenance(self.source, self.evaluator.prompts, self.device)}
 
@@ -80,6 +88,8 @@ class Session:
 
 
 def progress_line(console: Console) -> Callable:
+    from rich.console import Console
+
     err = Console(stderr=True, force_terminal=console.is_terminal)
 
     def hook(plan, ev: Evaluation) -> None:
@@ -89,6 +99,10 @@ def progress_line(console: Console) -> Callable:
 
 
 def open_session(args: argparse.Namespace, console: Console, *, reuse: bool | None = None) -> Session:
+    from parity.source import resolve_checkpoint
+    from .cache import EvalStore
+    from .evaluate import Evaluator
+
     device = parse_device(args.device)
     source = resolve_checkpoint(args.checkpoint, args.seed)
     set_threads(args.threads, device, source.config)

@@ -44,8 +44,7 @@ from .memory import plan_bytes
 
 # The ten plan classes a flip can move between FP4 and BF16 (kv_cache holds activations: FP4 W4A4 has
 # no meaning there, dsv4.plan.LEGAL_FORMATS), in the order of the flip tables.
-FLIP_CLASSES = ("lm_head", "router", "shared_expert", "compressor", "indexer_weights", "indexer_q", "attn_q",
-                "attn_kv", "attn_o", "routed_experts")
+from .constants import FLIP_CLASSES  # noqa: E402,F401  (re-exported)
 SCORE_PAIR = "floor"
 SCORE_MODE = "propagated"
 

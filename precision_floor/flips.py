@@ -1,4 +1,4 @@
-"""Flip tables in both directions (parity-methods.md §7.1), one row per component class:
+"""Flip tables in both directions (docs/methods.md §7.1), one row per component class:
 
 * **rescue**: ``all-fp4`` except class c in BF16 — how much of the NVFP4 error c alone accounts for;
 * **damage**: ``all-bf16`` except class c in FP4 — how much error c alone introduces.
@@ -19,13 +19,15 @@ import sys
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
-from dsv4.plan import PrecisionPlan
-from parity.records import ALL_PROMPTS
+if TYPE_CHECKING:
+    import pandas as pd
+    from dsv4.plan import PrecisionPlan
+    from .evaluate import PlanScore, Scorer
 
-from .errors import FloorInputError
-from .evaluate import FLIP_CLASSES, SCORE_MODE, SCORE_PAIR, PlanScore, Scorer
+
+
 
 DIRECTIONS = {"rescue": ("all-fp4", "bf16"), "damage": ("all-bf16", "fp4")}
 # |dKL| beyond this many paired SEs is marked significant in the tables.
@@ -33,6 +35,10 @@ SIGNIFICANT_SE = 2.0
 
 
 def flip_plan(direction: str, cls: str) -> PrecisionPlan:
+    from dsv4.plan import PrecisionPlan
+    from .errors import FloorInputError
+    from .constants import FLIP_CLASSES
+
     if direction not in DIRECTIONS:
         raise FloorInputError(f"flip direction: expected one of {list(DIRECTIONS)}, found {direction!r}")
     if cls not in FLIP_CLASSES:
@@ -42,6 +48,9 @@ def flip_plan(direction: str, cls: str) -> PrecisionPlan:
 
 
 def check_classes(classes: Iterable[str] | None) -> tuple[str, ...]:
+    from .errors import FloorInputError
+    from .constants import FLIP_CLASSES
+
     if classes is None:
         return FLIP_CLASSES
     out = tuple(classes)
@@ -53,6 +62,9 @@ def check_classes(classes: Iterable[str] | None) -> tuple[str, ...]:
 
 def per_prompt_kl(records: pd.DataFrame) -> pd.Series:
     """First-token KL per prompt (the per-prompt ``kl`` record at the last prompt position)."""
+    from parity.records import ALL_PROMPTS
+    from .evaluate import SCORE_MODE, SCORE_PAIR
+
     d = records[(records["pair"] == SCORE_PAIR) & (records["compare_mode"] == SCORE_MODE)
                 & (records["probe"] == "logits") & (records["metric"] == "kl") & (records["prompt_id"] != ALL_PROMPTS)]
     return d.set_index("prompt_id")["value"]
@@ -107,6 +119,9 @@ def significant(delta: float, se: float) -> bool:
 def run_flips(ev: Scorer, classes: Sequence[str] | None = None,
               directions: Sequence[str] = tuple(DIRECTIONS)) -> FlipTables:
     """Evaluate (or load) every flip plan and both baselines; tables sorted by effect, largest first."""
+    import pandas as pd
+    from dsv4.plan import PrecisionPlan
+
     classes = check_classes(classes)
     baselines: dict[str, PlanScore] = {}
     frames: dict[str, pd.DataFrame] = {}
@@ -128,8 +143,9 @@ def run_flips(ev: Scorer, classes: Sequence[str] | None = None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .constants import FLIP_CLASSES
+
     from .cli import add_common, open_session, run_tool
-    from .render import flip_table
 
     p = argparse.ArgumentParser(prog="python -m precision_floor.flips", description=__doc__.split("\n\n")[0])
     add_common(p)
@@ -137,6 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                    f"(default: all ten: {','.join(FLIP_CLASSES)})")
     p.add_argument("--direction", choices=("both", *DIRECTIONS), default="both")
     args = p.parse_args(argv)
+    from .render import flip_table
 
     def body(console) -> int:
         session = open_session(args, console)

@@ -1,4 +1,4 @@
-"""Floor search (parity-methods.md §7.2): the smallest set of classes kept in BF16 for the native
+"""Floor search (docs/methods.md §7.2): the smallest set of classes kept in BF16 for the native
 model to meet a budget, starting from ``all-fp4``.
 
 0. **Ceiling**: when ``all-fp4`` fails, the plan with every searchable class in BF16 is scored
@@ -26,13 +26,15 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import pandas as pd
+from typing import TYPE_CHECKING
 
-from dsv4.plan import PrecisionPlan
+if TYPE_CHECKING:
+    import pandas as pd
+    from dsv4.plan import PrecisionPlan
+    from .evaluate import Evaluation, Evaluator, PlanScore, Scorer
 
-from .errors import FloorInputError
-from .evaluate import COLUMNS, FLIP_CLASSES, Evaluation, Evaluator, PlanScore, Scorer
-from .flips import check_classes
+
+
 
 # Defaults for the built-in tiny model: all-fp4 costs a first-token KL of ~0.12 nats there and the
 # default plan ~0.018; 0.02 asks for about what the default plan achieves, with fewer BF16 classes.
@@ -50,6 +52,8 @@ class Budget:
     top1: float = DEFAULT_BUDGET_TOP1
 
     def __post_init__(self) -> None:
+        from .errors import FloorInputError
+
         if not (self.kl >= 0 and math.isfinite(self.kl)):
             raise FloorInputError(f"--budget-kl: expected a finite KL >= 0 (nats), found {self.kl!r}")
         if not 0.0 <= self.top1 <= 1.0:
@@ -89,9 +93,13 @@ class SearchResult:
     @property
     def floor_set(self) -> list[str]:
         """Classes the floor keeps in BF16 (of the flippable ones)."""
+        from .constants import FLIP_CLASSES
+
         return [c for c in FLIP_CLASSES if self.floor[c] == "bf16"]
 
     def visited_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         rows = [s.row() for s in self.visited.values()]
         df = pd.DataFrame(rows)
         df["extra_bytes"] = df["bytes"] - self.start_bytes
@@ -100,6 +108,8 @@ class SearchResult:
         return df.sort_values(["bytes", "kl"]).reset_index(drop=True)
 
     def steps_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         rows = []
         for st in self.steps:
             r = st.row()
@@ -135,6 +145,8 @@ def pareto_front(df: pd.DataFrame, x: str = "bytes", y: str = "kl") -> list[bool
 
 
 def _better(a: tuple[str, PlanScore], b: tuple[str, PlanScore]) -> bool:
+    from .constants import FLIP_CLASSES
+
     return (a[1].kl, a[1].bytes, FLIP_CLASSES.index(a[0])) < (b[1].kl, b[1].bytes, FLIP_CLASSES.index(b[0]))
 
 
@@ -142,6 +154,11 @@ def floor_search(ev: Scorer, budget: Budget, classes: Sequence[str] | None = Non
                  strategy: str = "steepest") -> SearchResult:
     """``strategy``: ``steepest`` re-scores every remaining class at each step (up to n(n+1)/2
     evaluations); ``ranked`` promotes in the order of the rescue table (at most 2n)."""
+    from dsv4.plan import PrecisionPlan
+    from .errors import FloorInputError
+    from .constants import FLIP_CLASSES
+    from .flips import check_classes
+
     if strategy not in STRATEGIES:
         raise FloorInputError(f"search strategy: expected one of {list(STRATEGIES)}, found {strategy!r}")
     classes = check_classes(classes)
@@ -203,12 +220,13 @@ def floor_search(ev: Scorer, budget: Budget, classes: Sequence[str] | None = Non
 def column_run(ev: Evaluator, plan: PrecisionPlan) -> Evaluation:
     """``plan`` in the logic, floor and bug-budget columns (the bug budget only where a kernel backend
     executes; its absence and the reason are in the manifest)."""
+    from .evaluate import COLUMNS
+
     return ev.evaluate(plan, columns=COLUMNS, backend="auto")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from .cli import add_common, open_session, run_tool
-    from .render import search_tables
 
     p = argparse.ArgumentParser(prog="python -m precision_floor.search", description=__doc__.split("\n\n")[0])
     add_common(p)
@@ -221,8 +239,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--strategy", choices=STRATEGIES, default="steepest",
                    help="steepest: re-score every class each step; ranked: rescue-table order")
     args = p.parse_args(argv)
+    from .render import search_tables
 
     def body(console) -> int:
+        from dsv4.plan import PrecisionPlan
+        from .constants import FLIP_CLASSES
+        from .flips import check_classes
+
         budget = Budget(args.budget_kl, args.budget_top1)
         session = open_session(args, console)
         classes = check_classes(args.classes.split(",")) if args.classes else None

@@ -4,14 +4,17 @@ A stored weight is a set of tensors (by role) plus a ``WeightFormat``. Roles: ``
 tensor), ``scale`` (UE8M0 block scales of FP8-block / MXFP4 weights; FP32 for the Flash-Base
 layout), ``weight_scale`` (NVFP4 E4M3 per 16), ``weight_scale_2`` (NVFP4 FP32 global),
 ``input_scale`` (NVFP4 static activation scale). Dequantization is NOT here: the reference and the
-native side each implement it, on purpose (design.md principle 2).
+native side each implement it, on purpose (docs/design.md principle 2).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 from .errors import CheckpointError
 from .names import INDEX, LINEAR, NORM, PARAM, TABLE, WeightSpec

@@ -1,7 +1,7 @@
 """Full-size checkpoints without the weights: safetensors shards whose headers carry every real name,
 shape, dtype and offset of a layout, and whose data regions are holes in a sparse file (a few KB on
 disk). Every path that validates, plans memory and lazily opens tensors runs on them; a tensor read
-returns zeros.
+returns zeros (F32 global / input scales read 1.0: a zero scale is not a valid value).
 
 ``python -m dsv4.checkpoint.sparse --preset flash-0731 --flavor official-dspark --out DIR``
 
@@ -18,11 +18,12 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from ..config import DSV4Config, load_config, with_dspark
-from .errors import CheckpointError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..config import DSV4Config
+
 from .formats import ceil_div
-from .layouts import FLAVORS, get_layout
-from .names import INDEX, LINEAR, NORM, PARAM, TABLE, all_weights
 
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "F8_E8M0": 1, "U8": 1, "I8": 1, "I32": 4, "I64": 8}
 _ROLE_DTYPES = {   # per stored format: role -> (dtype, shape from the logical [n, k])
@@ -34,10 +35,15 @@ _ROLE_DTYPES = {   # per stored format: role -> (dtype, shape from the logical [
     "bf16": {"weight": ("BF16", lambda n, k: (n, k))},
 }
 DEFAULT_SHARD_BYTES = 5 * 10**9
+# a zero global scale is an impossible value (the value scan refuses it; a reciprocal one divides by 0)
+_SCALAR_SCALES = ("weight_scale_2", "input_scale", "weight_global_scale", "input_global_scale")
 
 
 def expected_tensors(c: DSV4Config, flavor: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     """``{stored name: (dtype, shape)}`` of a checkpoint of ``c`` in layout ``flavor``."""
+    from .layouts import get_layout
+    from .names import INDEX, LINEAR, NORM, PARAM, TABLE, all_weights
+
     from .synth import linear_format, role_names   # the writer's own naming (imports torch)
 
     layout = get_layout(flavor)
@@ -59,11 +65,14 @@ def expected_tensors(c: DSV4Config, flavor: str) -> dict[str, tuple[str, tuple[i
 def write_sparse(out: Path, shards: Mapping[str, Mapping[str, tuple[str, tuple[int, ...]]]],
                  config: Mapping[str, object]) -> Path:
     """Write ``{shard file: {name: (dtype, shape)}}`` as sparse safetensors files, the index and config."""
+    from .errors import CheckpointError
+
     out.mkdir(parents=True, exist_ok=True)
     weight_map: dict[str, str] = {}
     total = 0
     for fname, tensors in shards.items():
         header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+        ones: list[int] = []   # offsets of F32 scalars (global / input scales): 1.0, not a hole's 0
         off = 0
         for name, (dtype, shape) in tensors.items():
             if dtype not in DTYPE_BYTES:
@@ -72,6 +81,8 @@ def write_sparse(out: Path, shards: Mapping[str, Mapping[str, tuple[str, tuple[i
             for d in shape:
                 n *= d
             header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
+            if dtype == "F32" and n == 4 and name.endswith(_SCALAR_SCALES):
+                ones.append(off)
             off += n
             weight_map[name] = fname
         raw = json.dumps(header, separators=(",", ":")).encode()
@@ -80,6 +91,9 @@ def write_sparse(out: Path, shards: Mapping[str, Mapping[str, tuple[str, tuple[i
             f.write(struct.pack("<Q", len(raw)))
             f.write(raw)
             f.truncate(8 + len(raw) + off)   # the data region is a hole: no blocks on disk
+            for o in ones:
+                f.seek(8 + len(raw) + o)
+                f.write(struct.pack("<f", 1.0))
         total += off
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=1))
@@ -104,6 +118,9 @@ def shard(tensors: Mapping[str, tuple[str, tuple[int, ...]]], shard_bytes: int) 
 
 
 def sparse_checkpoint(config: DSV4Config, flavor: str, out: Path, shard_bytes: int = DEFAULT_SHARD_BYTES) -> Path:
+    from ..config import with_dspark
+    from .layouts import get_layout
+
     if get_layout(flavor).drafts == ("dspark",) and not config.dspark_block_size:
         config = with_dspark(config)
     cfg = config.to_transformers_dict() if flavor == "hf" else config.to_hf_dict()
@@ -119,6 +136,10 @@ def sparse_checkpoint(config: DSV4Config, flavor: str, out: Path, shard_bytes: i
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..config import load_config
+    from .errors import CheckpointError
+    from .layouts import FLAVORS
+
     p = argparse.ArgumentParser(prog="python -m dsv4.checkpoint.sparse", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="flash", help="a config preset (flash, pro, flash-0731, pro-0813, tiny) "
                    "or a config.json")

@@ -22,26 +22,30 @@ import zlib
 from pathlib import Path
 from typing import Iterable
 
-import numpy as np
-import torch
-from safetensors.torch import save_file
+from typing import TYPE_CHECKING
 
-from ..config import REAL_PRESETS, DSV4Config, preset as config_preset, with_dspark
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+    from ..config import DSV4Config
+
+
 from .errors import CheckpointError
 from .flavors import hf_base
 from .layouts import FLAVORS, get_layout
 from .names import INDEX, LINEAR, NORM, PARAM, TABLE, WeightSpec, all_weights
-from .quant_configs import layout_quant_files
 
 log = logging.getLogger(__name__)
 
 SYNTH_VERSION = 3
 DEFAULT_SHARD_BYTES = 64 * 1024 * 1024
-_E2M1_GRID = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float64)
+_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 # ---- deterministic values ---------------------------------------------------------------------------
 def _rng(seed: int, name: str) -> np.random.Generator:
+    import numpy as np
+
     return np.random.Generator(np.random.PCG64([seed, zlib.crc32(name.encode())]))
 
 
@@ -53,6 +57,8 @@ _GAINS = {"head": 4.0, "ffn.gate": 1.0, "w1": 1.4, "w3": 1.4, "w2": 0.1, "wo_b":
 
 
 def _linear_values(spec: WeightSpec, seed: int) -> np.ndarray:
+    import numpy as np
+
     n, k = spec.shape
     g = _rng(seed, spec.full_name)
     leaf = spec.name.rsplit(".", 1)[-1]
@@ -66,6 +72,8 @@ def _linear_values(spec: WeightSpec, seed: int) -> np.ndarray:
 
 
 def _values(spec: WeightSpec, c: DSV4Config, seed: int) -> np.ndarray:
+    import numpy as np
+
     g = _rng(seed, spec.full_name)
     if spec.name.startswith(("markov_head.", "confidence_head.")):   # DSpark heads: small low-rank tables
         return (g.standard_normal(spec.shape) / np.sqrt(spec.shape[-1])).astype(np.float32)
@@ -103,8 +111,10 @@ def _values(spec: WeightSpec, c: DSV4Config, seed: int) -> np.ndarray:
 # ---- encoders (self-contained; see module docstring) ---------------------------------------------
 def _e2m1_codes(v: np.ndarray) -> np.ndarray:
     """Round to the E2M1 grid, nearest with ties to the even code; saturate at 6."""
+    import numpy as np
+
     a = np.minimum(np.abs(v.astype(np.float64)), 6.0)
-    d = np.abs(a[..., None] - _E2M1_GRID)
+    d = np.abs(a[..., None] - np.asarray(_E2M1_VALUES, dtype=np.float64))
     best = d.min(axis=-1, keepdims=True)
     idx = np.arange(8)
     mag = np.argmin(np.where(d == best, idx % 2, 2), axis=-1)   # among ties, the first even code
@@ -112,18 +122,28 @@ def _e2m1_codes(v: np.ndarray) -> np.ndarray:
 
 
 def _pack(codes: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
 
 
 def _e4m3(x: np.ndarray) -> torch.Tensor:
+    import numpy as np
+    import torch
+
     return torch.from_numpy(np.clip(x, -448.0, 448.0).astype(np.float32)).to(torch.float8_e4m3fn)
 
 
 def _pow2_exponent(amax: np.ndarray, qmax: float) -> np.ndarray:
+    import numpy as np
+
     return np.ceil(np.log2(np.maximum(amax, 1e-30) / qmax)).astype(np.int64)
 
 
 def encode_fp8_block(w: np.ndarray) -> dict[str, torch.Tensor]:
+    import numpy as np
+    import torch
+
     n, k = w.shape
     nb, kb = -(-n // 128), -(-k // 128)
     pad = np.zeros((nb * 128, kb * 128), np.float64)
@@ -135,6 +155,9 @@ def encode_fp8_block(w: np.ndarray) -> dict[str, torch.Tensor]:
 
 
 def encode_mxfp4(w: np.ndarray) -> dict[str, torch.Tensor]:
+    import numpy as np
+    import torch
+
     n, k = w.shape
     blocks = w.reshape(n, k // 32, 32).astype(np.float64)
     e = _pow2_exponent(np.abs(blocks).max(axis=2), 6.0)
@@ -150,6 +173,9 @@ _INPUT_AMAX_BOUND = 32.0
 
 def encode_nvfp4(w: np.ndarray, global_scale: float | None = None) -> dict[str, torch.Tensor]:
     """ModelOpt recipe: global = amax/(6*448); block scale = E4M3(block amax / (6 * global))."""
+    import numpy as np
+    import torch
+
     n, k = w.shape
     w64 = w.astype(np.float64)
     gs = np.float32(np.abs(w64).max() / (6.0 * 448.0)) if global_scale is None else np.float32(global_scale)
@@ -187,6 +213,8 @@ def linear_format(spec: WeightSpec, c: DSV4Config, flavor: str, quant: str) -> s
 def _nvfp4_global(v: np.ndarray, flavor: str, amax: float | None = None) -> float:
     """The dequantization multiplier the reader will hand out. compressed-tensors stores the reciprocal
     2688/amax; the reader takes 1/x in FP32, so encode with exactly that multiplier."""
+    import numpy as np
+
     a = float(np.abs(v).max()) if amax is None else amax
     if get_layout(flavor).global_scale != "reciprocal":
         return float(np.float32(a / (6.0 * 448.0)))
@@ -216,6 +244,8 @@ def role_names(spec: WeightSpec, roles: Iterable[str], flavor: str) -> dict[str,
 
 
 def _store_roles(spec: WeightSpec, roles: dict[str, torch.Tensor], flavor: str) -> dict[str, torch.Tensor]:
+    import torch
+
     if get_layout(flavor).global_scale == "reciprocal" and "weight_scale_2" in roles:
         roles = dict(roles, weight_scale_2=(1.0 / roles["weight_scale_2"].to(torch.float32)).reshape(1),
                      input_scale=(1.0 / roles["input_scale"].to(torch.float32)).reshape(1))
@@ -224,6 +254,8 @@ def _store_roles(spec: WeightSpec, roles: dict[str, torch.Tensor], flavor: str) 
 
 
 def _stored(spec: WeightSpec, c: DSV4Config, flavor: str, quant: str, seed: int) -> dict[str, torch.Tensor]:
+    import torch
+
     v = _values(spec, c, seed)
     if spec.kind == LINEAR:
         fmt = linear_format(spec, c, flavor, quant)
@@ -246,6 +278,8 @@ def _share_w13_global(tensors: dict[str, torch.Tensor], c: DSV4Config, spec_of: 
                       seed: int, flavor: str, quant: str) -> None:
     """NVFP4 w1/w3 of one expert share weight_scale_2 (vLLM expects it; spec §2.4): requantize both
     with the larger global scale."""
+    import numpy as np
+
     for s in list(spec_of.values()):
         if not (s.is_expert and s.name.endswith(".w1")):
             continue
@@ -284,6 +318,8 @@ def build_tensors(c: DSV4Config, flavor: str, quant: str = "bf16", seed: int = 0
 
 def _fuse_hf_experts(tensors: dict[str, torch.Tensor], c: DSV4Config) -> None:
     """transformers stores BF16 experts fused: gate_up_proj [E, 2I, D] (w1 then w3), down_proj [E, D, I]."""
+    import torch
+
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}.mlp.experts."
         gu, dn = [], []
@@ -298,6 +334,9 @@ def _fuse_hf_experts(tensors: dict[str, torch.Tensor], c: DSV4Config) -> None:
 
 def write_checkpoint(out: Path, c: DSV4Config, tensors: dict[str, torch.Tensor], flavor: str,
                      shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+    from safetensors.torch import save_file
+    from .quant_configs import layout_quant_files
+
     out.mkdir(parents=True, exist_ok=True)
     cfg = c.to_transformers_dict() if flavor == "hf" else c.to_hf_dict()
     extra_files = layout_quant_files(get_layout(flavor), c)
@@ -340,6 +379,8 @@ def _write_tokenizer(out: Path, c: DSV4Config) -> None:
 def synth(preset: str = "tiny", flavor: str = "nvidia-nvfp4", out: str | Path = "tiny-ckpt", *, seed: int = 0,
           quant: str = "bf16", shard_bytes: int = DEFAULT_SHARD_BYTES, config: DSV4Config | None = None) -> Path:
     """Write a synthetic checkpoint and return its directory."""
+    from ..config import REAL_PRESETS, preset as config_preset, with_dspark
+
     c = config or config_preset(preset)
     if c.name in REAL_PRESETS and config is None:
         raise CheckpointError(f"synth preset {preset!r}: expected a tiny preset (real sizes {REAL_PRESETS} are "

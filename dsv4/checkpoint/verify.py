@@ -18,9 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import torch
+from typing import TYPE_CHECKING
 
-from .errors import CheckpointError
+if TYPE_CHECKING:
+    import torch
+
+
 
 SCAN_MAX_ENV = "DSV4_VALUE_SCAN_MAX_BYTES"
 DEFAULT_SCAN_MAX = 8 << 30
@@ -43,6 +46,8 @@ def _first(mask: torch.Tensor) -> tuple[int, ...]:
 
 
 def _check(name: str, dtype: str, t: torch.Tensor, n_experts: int) -> list[Finding]:
+    import torch
+
     out: list[Finding] = []
 
     def flag(mask: torch.Tensor, what: str) -> None:
@@ -84,6 +89,8 @@ def stored_bytes(reader: Any) -> int:
 
 def verify_before_compute(reader: Any) -> None:
     """The automatic scan of the parity CLIs: raise CheckpointError naming the findings (bad input)."""
+    from .errors import CheckpointError
+
     limit = int(os.environ.get(SCAN_MAX_ENV, DEFAULT_SCAN_MAX))
     if limit <= 0 or stored_bytes(reader) > limit:
         return
@@ -100,6 +107,8 @@ def findings_message(findings: Iterable[Finding]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .errors import CheckpointError
+
     p = argparse.ArgumentParser(prog="python -m dsv4.checkpoint.verify", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", help="checkpoint directory or .safetensors file")
     a = p.parse_args(argv)

@@ -28,14 +28,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
-from ..kernels.registry import BackendError
-from .optrace import Finding, diff_many, trace_steps
+if TYPE_CHECKING:
+    import torch
+    from rich.console import Console
+    from .optrace import Finding
+
+
 from .where import PACKAGE_ROOT, Location, exception_location, first_line, package_frames, source_location
 
 EXIT_READY, EXIT_NOT_READY, EXIT_BAD_INPUT = 0, 1, 2
@@ -78,6 +78,8 @@ class SyncRecorder:
                                      tuple(package_frames(stack, self.root))))
 
     def __enter__(self) -> "SyncRecorder":
+        import torch
+
         self._cw = warnings.catch_warnings()
         self._cw.__enter__()
         warnings.simplefilter("always")
@@ -89,6 +91,8 @@ class SyncRecorder:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        import torch
+
         if self.mode is not None and self._prev_mode is not None:
             torch.cuda.set_sync_debug_mode(self._prev_mode)
         self._cw.__exit__(*exc)
@@ -143,6 +147,8 @@ class Report:
 # ---- the checks (CUDA) ------------------------------------------------------------------------
 def attempt_capture(model: Any, state: Any, token: int, device: torch.device, runtime: Any) -> CaptureAttempt:
     """Capture one whole ``decode_step`` on a side stream (on a copy of ``state``)."""
+    import torch
+
     from .graphs import capture
 
     st = copy.deepcopy(state)
@@ -158,6 +164,9 @@ def check(model: Any, prompt: torch.Tensor, *, trace_steps_n: int, streams: int,
           sync_mode: str | None = "warn") -> Report:
     """Every check of the module doc. ``runtime`` / ``sync_mode``: a fake CUDA runtime and no sync
     debug mode let the CPU tests drive this same code."""
+    import torch
+    from .optrace import diff_many, trace_steps
+
     from .graphs import CudaRuntime, GraphDecoder, GraphMismatchError, bitwise_equal
 
     rt = runtime or CudaRuntime()
@@ -199,6 +208,10 @@ KIND_TEXT = {"data_dependent": "data-dependent op / host read", "host_copy": "ho
 
 
 def render(console: Console, rep: Report, *, per_kind: int = 12) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
     console.print(Text(f"CUDA-graph readiness: {rep.config}, plan {rep.plan}, backend {rep.backend}, {rep.device}",
                        style="bold"))
     t = Table(title="host syncs in one decode_step (sync debug mode 'warn')", title_justify="left")
@@ -254,6 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -> int:
     args = build_parser().parse_args(argv)
+    import torch
+    from rich.console import Console
+    from rich.text import Text
+
+    from ..kernels.registry import BackendError
+
     console = console or Console()
     try:
         dev = torch.device(args.device)

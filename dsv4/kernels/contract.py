@@ -7,7 +7,7 @@ scales, one per 16 elements along K (``linear`` ``[rows, K/16]`` or the Blackwel
 accumulation, ``alpha = a.global * b.global`` applied in FP32 after the product, and return BF16.
 
 The ``emulated`` backend is the executable definition of this contract. Spec: nvfp4-and-kernels.md
-§3, §6, §8; design.md "Kernel contract".
+§3, §6, §8; docs/audit.md.
 """
 from __future__ import annotations
 

@@ -171,12 +171,11 @@ def cmd_replay(args: Any, console: Any) -> int:
 
 def main(argv: Sequence[str] | None = None, console: Any = None) -> int:
     args = build_parser().parse_args(argv)
-    from rich.console import Console
 
     from ..cli import outputs_of, run_cli
 
     cmd = {"run": cmd_run, "weights": cmd_weights, "replay": cmd_replay}[args.command]
-    return run_cli(lambda c: cmd(args, c), console or Console(), outputs_of(args, out="dir"))
+    return run_cli(lambda c: cmd(args, c), console, outputs_of(args, out="dir"))
 
 
 if __name__ == "__main__":

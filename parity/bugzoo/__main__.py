@@ -16,21 +16,16 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from rich.console import Console
+from typing import TYPE_CHECKING
 
-from dsv4.plan import resolve_plan
-from dsv4.prompts import PromptSetError
+if TYPE_CHECKING:
+    from rich.console import Console
+    from ..runner import ModelLoaders
+
+
 
 from ..cli import (EXIT_FAIL, EXIT_PASS, EXIT_TOOL_FAILED, outputs_of, parse_device, progress_bars, run_cli,
                    set_threads)
-from ..errors import ParityInputError, PromptError
-from ..records import atomic_write_json, write_records
-from ..rules import load_rules
-from ..runner import ModelLoaders
-from ..source import resolve_checkpoint
-from .registry import get_fault, list_faults, load_faults_module
-from .render import fault_list, footer, header, zoo_table
-from .runner import ZooSpec, holdout_prompt_path, load_holdout, run_zoo
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +60,16 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
     args = build_parser().parse_args(argv)
 
     def body(console: Console) -> int:
+        from dsv4.plan import resolve_plan
+        from dsv4.prompts import PromptSetError
+        from ..errors import ParityInputError, PromptError
+        from ..records import atomic_write_json, write_records
+        from ..rules import load_rules
+        from ..source import resolve_checkpoint
+        from .registry import get_fault, list_faults, load_faults_module
+        from .render import fault_list, footer, header, zoo_table
+        from .runner import ZooSpec, holdout_prompt_path, load_holdout, run_zoo
+
         user = [f for m in args.faults_module for f in load_faults_module(m)]
         if args.list:
             fault_list(console, list_faults())

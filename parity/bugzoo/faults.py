@@ -1,5 +1,5 @@
 """The built-in faults: known-bad variants of the native model, one per check worth proving
-(parity-methods.md §9 "proving the harness", §11.1).
+(docs/methods.md §9 "proving the harness").
 
 Targets exist in the tiny model: layer 0 window / hash routing, 1 CSA / hash, 2 HCA / score,
 3 CSA / score. Each registration states the column that must raise the alarm and where the first

@@ -103,7 +103,7 @@ _BUILTIN_LOADED = False
 
 
 def check_native(model: Any, fault: str = "fault") -> None:
-    """Faults patch the native model only: the reference is the oracle (design.md principle 2)."""
+    """Faults patch the native model only: the reference is the oracle (docs/design.md principle 2)."""
     side = getattr(model, "side", None)
     if side != "native" or not hasattr(model, "blocks"):
         raise FaultTargetError(f"{fault}: expected a native model (dsv4.load_model), found "

@@ -31,9 +31,36 @@ Exit codes: 0 every check passes, 1 a threshold failure, 2 bad input.
 """
 from __future__ import annotations
 
-from .cli import build_parser, main, parse_ids, parse_steps
-from .records import aggregate_name, aggregate_records, free_running_failures, logit_ranges, prompt_records
-from .run import DecodeRun, DecodeSpec, PromptResult, SideRun, auto_probe_steps, run_decode
+
+from typing import Any
+
+# Imported on first use (PEP 562): ``python -m`` of a sibling CLI answers --help without torch.
+_LAZY = {
+    'DecodeRun': '.run',
+    'DecodeSpec': '.run',
+    'PromptResult': '.run',
+    'SideRun': '.run',
+    'aggregate_name': '.records',
+    'aggregate_records': '.records',
+    'auto_probe_steps': '.run',
+    'build_parser': '.cli',
+    'free_running_failures': '.records',
+    'logit_ranges': '.records',
+    'main': '.cli',
+    'parse_ids': '.cli',
+    'parse_steps': '.cli',
+    'prompt_records': '.records',
+    'run_decode': '.run',
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["DecodeRun", "DecodeSpec", "PromptResult", "SideRun", "aggregate_name", "aggregate_records",
            "auto_probe_steps", "build_parser", "free_running_failures", "logit_ranges", "main", "parse_ids",

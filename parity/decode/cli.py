@@ -10,31 +10,25 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
-from rich.console import Console
+from typing import TYPE_CHECKING
 
-from dsv4.plan import resolve_plan
+if TYPE_CHECKING:
+    from rich.console import Console
+    from ..inputs import EncodedPrompt
+    from ..runner import ModelLoaders
+    from ..source import CheckpointSource
+    from .run import DecodeRun, DecodeSpec
 
-from ..cli import (DTYPES, EXIT_FAIL, EXIT_PASS, add_run_arguments, parse_device, parse_device_map, progress_bars,
+
+
+from ..cli import (torch_dtype, EXIT_FAIL, EXIT_PASS, add_run_arguments, parse_device, parse_device_map, progress_bars,
                    load_run_source, outputs_of, run_cli)
-from ..env import code_version, device_name
-from ..errors import ParityInputError
-from ..inputs import EncodedPrompt
-from ..logits_stats import DEFAULT_TOPK, KL_DIRECTION, summarize
-from ..records import atomic_write_json, json_safe, to_frame, write_records
-from ..render import header, rules_report
-from ..rules import load_rules
-from ..runner import ModelLoaders
-from ..source import CheckpointSource
-from ..threeway import settings_from_rules
-from ..verdict import evaluate
-from .records import aggregate_records, context, free_running_failures, memory_growth_per_step, prompt_records
-from .render import probe_table, stat_table, step_table, streams_panel
-from .run import DEFAULT_MUTUAL_TOPK, DEFAULT_TOKENS, DecodeRun, DecodeSpec, run_decode
 
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..constants import DEFAULT_MUTUAL_TOPK, DEFAULT_TOKENS, DEFAULT_TOPK
+
     p = argparse.ArgumentParser(prog="python -m parity.decode", description=__doc__.split("\n\n")[0])
     g = p.add_mutually_exclusive_group()
     g.add_argument("--teacher-forced", dest="run_mode", action="store_const", const="teacher_forced",
@@ -63,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_ids(text: str) -> list[int]:
     """``"1, 2 3"`` or ``@path`` (the same format, or a JSON list, in a file)."""
+    from ..errors import ParityInputError
+
     if text.startswith("@"):
         try:
             text = Path(text[1:]).read_text(encoding="utf-8")
@@ -80,6 +76,8 @@ def parse_ids(text: str) -> list[int]:
 
 
 def parse_steps(text: str) -> str | list[int]:
+    from ..errors import ParityInputError
+
     if text in ("auto", "none"):
         return "auto" if text == "auto" else []
     try:
@@ -90,6 +88,12 @@ def parse_steps(text: str) -> str | list[int]:
 
 def _spec(args: argparse.Namespace, src: CheckpointSource, prompts: list[EncodedPrompt], rules: Any,
           device: str) -> DecodeSpec:
+    import torch
+    from dsv4.plan import resolve_plan
+    from ..errors import ParityInputError
+    from ..threeway import settings_from_rules
+    from .run import DEFAULT_TOKENS, DecodeSpec
+
     mode = args.run_mode or "teacher_forced"
     forced: str | list[int] = args.forced if args.forced in ("greedy", "sample") else parse_ids(args.forced)
     if mode == "free" and forced != "greedy":
@@ -103,7 +107,7 @@ def _spec(args: argparse.Namespace, src: CheckpointSource, prompts: list[Encoded
     return DecodeSpec(source=src, prompts=prompts, plan=resolve_plan(args.plan), mode=mode, tokens=tokens,
                       forced=forced, temperature=args.temperature, sample_seed=args.sample_seed,
                       probe_steps=parse_steps(args.probe_steps), backend=args.backend, profile=args.profile,
-                      device=device, device_map=parse_device_map(args.device_map), ref_dtype=DTYPES[args.ref_dtype],
+                      device=device, device_map=parse_device_map(args.device_map), ref_dtype=torch_dtype(args.ref_dtype),
                       settings=settings, mutual_topk=args.mutual_topk, graphs=args.graphs)
 
 
@@ -115,6 +119,10 @@ def _decode_label(run: DecodeRun) -> str:
 
 
 def _summary(spec: DecodeSpec, run: DecodeRun, verdict: Any, free_fail: list[str], wall: float) -> dict[str, Any]:
+    from ..env import code_version, device_name
+    from ..logits_stats import KL_DIRECTION, summarize
+    from .records import memory_growth_per_step
+
     prompts = []
     for res in run.results:
         prompts.append({
@@ -148,6 +156,16 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
     args = build_parser().parse_args(argv)
 
     def body(console: Console) -> int:
+        from ..env import code_version, device_name
+        from ..logits_stats import KL_DIRECTION
+        from ..records import atomic_write_json, json_safe, to_frame, write_records
+        from ..render import header, rules_report
+        from ..rules import load_rules
+        from ..verdict import evaluate
+        from .records import aggregate_records, context, free_running_failures, prompt_records
+        from .render import probe_table, stat_table, step_table, streams_panel
+        from .run import run_decode
+
         t_start = time.perf_counter()
         device = parse_device(args.device)
         rules = load_rules(args.rules)

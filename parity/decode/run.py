@@ -22,8 +22,8 @@ from ..runner import DefaultLoaders, ModelLoaders, free_memory
 from ..source import CheckpointSource
 from ..threeway import LOGIC_PLAN, LOGIC_PROFILE, LOGIC_REF_DTYPE
 
-DEFAULT_TOKENS = 300
-DEFAULT_MUTUAL_TOPK = 5
+from ..constants import DEFAULT_MUTUAL_TOPK, DEFAULT_TOKENS  # noqa: E402,F401  (re-exported)
+
 
 
 @dataclass

@@ -13,13 +13,16 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..cache import EvalStore
-from ..errors import FloorInputError
-from ..search import DEFAULT_BUDGET_KL, DEFAULT_BUDGET_TOP1
-from .build import render_report
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..cache import EvalStore
+
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..search import DEFAULT_BUDGET_KL, DEFAULT_BUDGET_TOP1
+
     from ..cli import add_common
 
     p = argparse.ArgumentParser(prog="python -m precision_floor.report", description=__doc__.split("\n\n")[0])
@@ -69,6 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body(console) -> int:
+        from ..cache import EvalStore
+        from ..errors import FloorInputError
+        from .build import render_report
+
         if args.records:
             store = EvalStore(Path(args.records))
             if not store.root.is_dir():

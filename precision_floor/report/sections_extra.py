@@ -119,8 +119,8 @@ def bugzoo_section(d: ReportData) -> str:
         body = note(f"Absent: no bug-zoo summary or records in the store. Run <code>python -m parity.bugzoo --json "
                     f"DIR/{ZOO_SUMMARY} --records DIR/{ZOO_RECORDS}</code> (DIR = the store), then re-render.")
     return section("bugzoo", "Bug zoo", body, "Known-bad variants of the native model, injected one at a time: "
-                   "each must be caught in its column and localized by the first divergence (parity-methods.md "
-                   "§9, §11.1).")
+                   "each must be caught in its column and localized by the first divergence (docs/methods.md "
+                   "§9).")
 
 
 def zoo_records_table(df: pd.DataFrame) -> str:

@@ -85,3 +85,55 @@ def test_sparse_cli_writes_published_headers(tmp_path):
     idx = json.loads((tmp_path / "o" / "model.safetensors.index.json").read_text())
     assert idx["weight_map"] == {"embed.weight": "model-00001-of-00001.safetensors"}
     assert sparse_main(["--preset", "tiny", "--headers", str(tmp_path / "none.json"), "--out", str(tmp_path)]) == 2
+
+
+def _layers_on_zeros(path, layers):
+    """Real-shaped layers of the streaming reference on zero weights and zero activations."""
+    import torch
+
+    from dsv4.config import layer_devices
+    from reference.model import ReferenceModel
+    from reference.profiles import get_profile
+
+    r = open_checkpoint(path)
+    m = ReferenceModel(r, profile=get_profile("bf16"), dtype=torch.bfloat16,
+                       devices=layer_devices(r.config, "cpu", None), cache_weights=False)
+    ids = torch.arange(8)
+    state = m.new_state(ids)
+    x = torch.zeros(8, r.config.hc_mult, r.config.hidden_size, dtype=torch.bfloat16)
+    out = {}
+    for i in layers:
+        y = m.layer(i, x, state)
+        out[r.config.layer_kind(i)] = (tuple(y.shape), bool(torch.isfinite(y).all()))
+    return out
+
+
+def test_real_shaped_layers_of_flash_0731_stream_through_the_reference(flash_0731):
+    got = _layers_on_zeros(flash_0731, (0, 2, 3))
+    assert got == {k: ((8, 4, 4096), True) for k in ("window", "csa", "hca")}
+
+
+@pytest.mark.parametrize("flavor", ["nvidia-nvfp4", "hf", "compressed-tensors"])
+def test_a_real_shaped_csa_layer_of_the_other_layouts_streams(tmp_path, flavor):
+    from dsv4.checkpoint.verify import scan_values
+
+    ck = sparse_checkpoint(preset("flash"), flavor, tmp_path / flavor)
+    r = open_checkpoint(ck)
+    assert r.flavor == flavor
+    scalars = [n for n in r.tensor_names() if n.endswith(("weight_scale_2", "weight_global_scale"))]
+    assert not scan_values(_Only(r, scalars))                        # scales read 1.0, never 0
+    assert bool(scalars) == (flavor != "hf")                         # hf: BF16 fused experts
+    assert _layers_on_zeros(ck, (2,)) == {"csa": ((8, 4, 4096), True)}
+
+
+class _Only:
+    """A reader view restricted to some tensors (the scan of a few names of a 160 GB checkpoint)."""
+
+    def __init__(self, reader, names):
+        self._r, self._names, self.config = reader, names, reader.config
+
+    def tensor_names(self):
+        return self._names
+
+    def __getattr__(self, name):
+        return getattr(self._r, name)
