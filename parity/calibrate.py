@@ -338,7 +338,7 @@ def calibrate(*, sources: Sequence[tuple[str, int]], plan: Any, profiles: Sequen
                 spec_ = RunSpec(source=src, prompts=prompts, plan=plan, backend="auto", profile=profile, device=device,
                                 settings=settings_from_rules(base),
                                 columns=columns + (("bug_budget",) if bug_budget else ()))
-                records += run_threeway(spec_, loaders, progress).records
+                records += run_threeway(spec_, loaders, progress).raise_errors().records
     return to_frame(records)
 
 

@@ -25,3 +25,15 @@ class PromptError(ParityInputError):
 
 class SurfaceError(RuntimeError):
     """A model that does not behave as docs/model_surface.md says (missing probe, wrong shape)."""
+
+
+class NonFiniteError(RuntimeError):
+    """A forward that failed after producing non-finite values: names the first probe (in execution
+    order) that held NaN/Inf, which a crash further on (a kernel refusing NaN scales) would hide."""
+
+    def __init__(self, probe: str, layer: int | None, component: str, mode: str, cause: BaseException) -> None:
+        self.probe, self.layer, self.component, self.mode, self.cause = probe, layer, component, mode, cause
+        where = f"layer {layer}" if layer is not None else "global"
+        origin = "from the anchor's finite inputs" if mode == "isolated" else "end to end"
+        super().__init__(f"non-finite values first at {probe} ({where}, component {component}; {mode} forward, "
+                         f"{origin}); the forward then failed: {type(cause).__name__}: {cause}")

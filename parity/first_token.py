@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .cli import (EXIT_FAIL, EXIT_PASS, add_run_arguments, outputs_of, parse_device, parse_device_map,
+from .cli import (EXIT_FAIL, EXIT_PASS, EXIT_TOOL_FAILED, add_run_arguments, outputs_of, parse_device, parse_device_map,
                   resolve_run_plan, run_cli, torch_dtype)
 from .constants import COLUMNS, DEFAULT_TOPK, KL_DIRECTION
 
@@ -175,6 +175,14 @@ def main(argv: Sequence[str] | None = None, *, loaders: Any = None, console: Any
                       f"{len(result.records)} records)")
         if args.json:
             atomic_write_json(args.json, json_safe(run_summary(result, verdict, df, wall)))
+        errors = result.column_errors
+        if errors:   # the other columns are reported and written above; this one is the tool's failure
+            from .cli import traceback_log
+            from .render import error
+
+            for name, e in errors.items():
+                error(console, f"column {name} failed ({type(e).__name__}: {e}); traceback in {traceback_log(e)}")
+            return EXIT_TOOL_FAILED
         return EXIT_PASS if verdict.passed else EXIT_FAIL
 
     return run_cli(body, console, outputs_of(args))

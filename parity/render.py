@@ -159,7 +159,8 @@ def columns_table(console: Console, columns: Mapping[str, ColumnResult], verdict
         line = Text(f"{name:<11}", style="bold")
         line.append(f"{col.anchor} -> {col.test}  ")
         if not col.ran:
-            line.append(f"absent: {col.reason}", style="dim")
+            line.append(f"{'ERROR' if col.error is not None else 'absent'}: {col.reason}",
+                        style="bold red" if col.error is not None else "dim")
             console.print(line)
             continue
         ok = verdict.pair_passed(name) and not col.kernels_missing
@@ -168,6 +169,9 @@ def columns_table(console: Console, columns: Mapping[str, ColumnResult], verdict
             line.append(" (not a floor: the logic column failed)", style="yellow")
         if col.kernels_missing:
             line.append(f"; kernels not run: {col.kernels_missing[0][:160]}", style="red")
+        nonfinite = verdict.nonfinite_source(name)
+        if nonfinite:   # its own finding: not a logic or kernel divergence
+            line.append(f"; {nonfinite}", style="bold magenta")
         d = verdict.first_divergence.get(name)
         if col.audit:
             a, w = col.audit, col.weight_audit

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Iterator, Mapping, Protocol
 
 import torch
 
-from dsv4.probes import ProbeRecorder, layer_probe, suspended
+from dsv4.probes import ProbeRecorder, component_of, layer_probe, parse_probe, suspended
 
-from .errors import SurfaceError
+from .errors import NonFiniteError, SurfaceError
 
 STREAMS_KEY = "__embed_streams__"   # the anchor's embed(ids) output, stored beside its probes
 
@@ -76,13 +77,35 @@ def _on_cpu(device: str) -> bool:
     return torch.device(device).type == "cpu"
 
 
+@contextmanager
+def _trace_nonfinite(rec: ProbeRecorder, mode: str) -> Iterator[None]:
+    """On a failing forward, name the first probe recorded so far that holds NaN/Inf (scanned only
+    then: nothing is added to a forward that succeeds)."""
+    try:
+        yield
+    except Exception as e:
+        for name in rec.order:
+            v = rec.values[name]
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and _abnormal(name, v):
+                layer, _ = parse_probe(name)
+                raise NonFiniteError(name, layer, component_of(name), mode, e) from e
+        raise
+
+
+def _abnormal(name: str, v: torch.Tensor) -> bool:
+    """NaN or +Inf anywhere; -Inf too, except in score probes where it is the causal mask."""
+    if bool(torch.isnan(v).any()) or bool(torch.isposinf(v).any()):
+        return True
+    return not name.endswith("scores") and bool(torch.isneginf(v).any())
+
+
 def run_propagated(model: Any, ids: torch.Tensor, device: str = "cpu") -> SideOutput:
     """Prefill ``ids`` with every probe recorded; ``seconds['forward']`` is the model call alone."""
     ids_dev = ids.to(device) if not _on_cpu(device) else ids
     rec = ProbeRecorder(to_cpu=not _on_cpu(device))
     _sync(device)
     t0 = time.perf_counter()
-    with torch.no_grad(), rec:
+    with torch.no_grad(), rec, _trace_nonfinite(rec, "propagated"):
         logits = model(ids_dev)
     _sync(device)
     t1 = time.perf_counter()
@@ -107,7 +130,7 @@ def run_isolated(model: Any, ids: torch.Tensor, anchor: SideOutput, num_layers: 
         raise SurfaceError(f"isolated mode needs the anchor's layer outputs, missing {missing}")
     _sync(device)
     t0 = time.perf_counter()
-    with torch.no_grad(), rec:
+    with torch.no_grad(), rec, _trace_nonfinite(rec, "isolated"):
         state = model.new_state(ids_dev)
         model.embed(ids_dev)
         for i in range(num_layers):

@@ -91,6 +91,8 @@ class ColumnResult:
     audit: dict[str, Any] = field(default_factory=dict)
     weight_audit: dict[str, Any] = field(default_factory=dict)
     audit_kept: list[Any] = field(default_factory=list, repr=False)
+    # the exception that stopped this column (the others still ran); ran is False then
+    error: BaseException | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -101,6 +103,17 @@ class ThreeWayResult:
     forwards: list[ForwardTime]
     reference_load_seconds: float = 0.0
     cache_hits: int = 0
+
+    @property
+    def column_errors(self) -> dict[str, BaseException]:
+        return {n: c.error for n, c in self.columns.items() if c.error is not None}
+
+    def raise_errors(self) -> "ThreeWayResult":
+        """For callers that need every column (the zoo, calibration, the floor studies): re-raise the
+        first column's exception, as if the columns were not isolated."""
+        for err in self.column_errors.values():
+            raise err
+        return self
 
 
 def settings_from_rules(rules: RuleSet, per_token: bool = False) -> CompareSettings:
@@ -306,24 +319,39 @@ def run_threeway(spec: RunSpec, loaders: ModelLoaders | None = None,
         else (None, "not requested")
     r = _Runner(spec, loaders or DefaultLoaders(), progress)
     columns: dict[str, ColumnResult] = {}
+
+    def isolated(name: str, anchor: str, test: str, run: Any) -> tuple[ColumnResult, list[SideOutput]]:
+        # One column's failure (a crash, non-finite scales a kernel refuses) must not take the others'
+        # results with it: it becomes that column's result; bad input still stops the run.
+        try:
+            return run()
+        except (ParityInputError, KeyboardInterrupt):
+            raise
+        except Exception as e:   # noqa: BLE001 - reported per column, re-raised by raise_errors()
+            return ColumnResult(name, anchor, test, False, f"error: {type(e).__name__}: {e}", error=e), []
+
     if "logic" in spec.columns:
-        columns["logic"], _ = r.column("logic", r.reference(LOGIC_PROFILE, LOGIC_REF_DTYPE),
-                                       plan=PrecisionPlan.preset(LOGIC_PLAN),
-                                       backend=EMULATED, anchor_label=f"reference:{LOGIC_PROFILE}/{dtype_name(LOGIC_REF_DTYPE)}",
-                                       profile=LOGIC_PROFILE)
+        anchor = f"reference:{LOGIC_PROFILE}/{dtype_name(LOGIC_REF_DTYPE)}"
+        columns["logic"], _ = isolated("logic", anchor, f"native:{LOGIC_PLAN}/{EMULATED}", lambda: r.column(
+            "logic", r.reference(LOGIC_PROFILE, LOGIC_REF_DTYPE), plan=PrecisionPlan.preset(LOGIC_PLAN),
+            backend=EMULATED, anchor_label=anchor, profile=LOGIC_PROFILE))
     floor_outputs: list[SideOutput] = []
     if "floor" in spec.columns or kernel is not None:
-        columns["floor"], floor_outputs = r.column(
-            "floor", r.reference(spec.profile), plan=spec.plan, backend=EMULATED,
-            anchor_label=f"reference:{spec.profile}", profile=spec.profile, keep_outputs=kernel is not None)
+        columns["floor"], floor_outputs = isolated(
+            "floor", f"reference:{spec.profile}", f"native:{spec.plan.name}/{EMULATED}", lambda: r.column(
+                "floor", r.reference(spec.profile), plan=spec.plan, backend=EMULATED,
+                anchor_label=f"reference:{spec.profile}", profile=spec.profile, keep_outputs=kernel is not None))
     if "bug_budget" in spec.columns:
+        anchor, test = f"native:{spec.plan.name}/{EMULATED}", f"native:{spec.plan.name}/{kernel or '<kernel>'}"
         if kernel is None:
-            columns["bug_budget"] = ColumnResult("bug_budget", f"native:{spec.plan.name}/{EMULATED}",
-                                                 f"native:{spec.plan.name}/<kernel>", False, reason)
+            columns["bug_budget"] = ColumnResult("bug_budget", anchor, test, False, reason)
+        elif not columns["floor"].ran:
+            columns["bug_budget"] = ColumnResult("bug_budget", anchor, test, False,
+                                                 "not run: its emulated anchor (the floor column) failed")
         else:
-            columns["bug_budget"], _ = r.column("bug_budget", floor_outputs, plan=spec.plan, backend=kernel,
-                                                anchor_label=f"native:{spec.plan.name}/{EMULATED}",
-                                                profile=spec.profile)
+            columns["bug_budget"], _ = isolated("bug_budget", anchor, test, lambda: r.column(
+                "bug_budget", floor_outputs, plan=spec.plan, backend=kernel, anchor_label=anchor,
+                profile=spec.profile))
     return ThreeWayResult(spec, r.records, columns, r.forwards, r.ref_load_seconds,
                           r.cache.hits if r.cache else 0)
 

@@ -66,6 +66,24 @@ def first_divergence(judged: pd.DataFrame, pair: str, mode: str = "isolated") ->
                       float(row["threshold"]), row["op"], row["prompt_id"])
 
 
+NONFINITE_METRIC = "nonfinite_mismatch"
+
+
+def first_nonfinite(df: pd.DataFrame, pair: str) -> dict[str, Divergence]:
+    """Where non-finite values (NaN/Inf where the anchor is finite, or the reverse) first appear, per
+    compare mode, in execution order. ``isolated``: the component that produced them from the
+    anchor's finite input (the source); ``propagated``: where they first show in the end-to-end run."""
+    rows = df[(df["pair"] == pair) & (df["metric"] == NONFINITE_METRIC) & (df["value"] > 0)
+              & (df["prompt_id"] != ALL_PROMPTS)]
+    out: dict[str, Divergence] = {}
+    for mode, g in rows.groupby("compare_mode"):
+        row = g.iloc[min(range(len(g)), key=lambda i: probe_order_key(g["probe"].iloc[i]))]
+        layer = None if pd.isna(row["layer"]) else int(row["layer"])
+        out[str(mode)] = Divergence(pair, row["probe"], layer, row["component"], NONFINITE_METRIC,
+                                    float(row["value"]), 0.0, "<=", row["prompt_id"])
+    return out
+
+
 @dataclass
 class Verdict:
     judged: pd.DataFrame
@@ -73,6 +91,23 @@ class Verdict:
     pairs: list[str]
     first_divergence: dict[str, Divergence | None]
     extra_failures: list[str]
+    # pair -> {compare mode: first non-finite probe}: its own finding, named before any divergence
+    nonfinite: dict[str, dict[str, Divergence]] = None  # type: ignore[assignment]
+
+    def nonfinite_source(self, pair: str) -> str | None:
+        found = (self.nonfinite or {}).get(pair) or {}
+        if not found:
+            return None
+        iso, prop = found.get("isolated"), found.get("propagated")
+        src = iso or prop
+        where = f"layer {src.layer}" if src.layer is not None else "global"
+        text = (f"non-finite values produced at {src.probe} ({where}, component {src.component}; "
+                f"{int(src.value)} entries, prompt {src.prompt_id})")
+        if iso is not None:
+            text += ", from finite inputs (isolated)"
+        if prop is not None and (iso is None or prop.probe != iso.probe):
+            text += f"; first seen end to end at {prop.probe}"
+        return text
 
     @property
     def failed_rules(self) -> list[RuleOutcome]:
@@ -104,6 +139,7 @@ class Verdict:
                               "worst_prompt": (o.worst_record or {}).get("prompt_id")}
                              for o in self.failed_rules],
             "extra_failures": list(self.extra_failures),
+            "nonfinite": {p: self.nonfinite_source(p) for p in self.pairs if self.nonfinite_source(p)},
         }
 
 
@@ -116,4 +152,5 @@ def evaluate(df: pd.DataFrame, rules: RuleSet, extra_failures: list[str] | None 
     # The audit's first divergence is its first violating call in execution order (records per component probe).
     modes = {p: (AUDIT_MODE if p == "bug_budget" and audited else divergence_mode) for p in pairs}
     return Verdict(judged, outcomes(judged, rules), pairs,
-                   {p: first_divergence(judged, p, modes[p]) for p in pairs}, list(extra_failures or []))
+                   {p: first_divergence(judged, p, modes[p]) for p in pairs}, list(extra_failures or []),
+                   {p: first_nonfinite(df, p) for p in pairs})

@@ -277,7 +277,7 @@ class Evaluator(Scorer):
                        reference_cache=self.store.reference_dir, columns=tuple(columns), modes=self.context.modes,
                        fault=self.context.fault, run_id=key.run_id)
         t0 = time.perf_counter()
-        result = run_threeway(spec, self.loaders)
+        result = run_threeway(spec, self.loaders).raise_errors()
         seconds = time.perf_counter() - t0
         kept = [r for r in result.records if keep_record(r, curves=curves)]
         manifest = {

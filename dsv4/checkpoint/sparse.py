@@ -23,16 +23,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ..config import DSV4Config
 
-from .formats import ceil_div
+from .formats import DENSE, FP8_BLOCK, MXFP4, NVFP4, stored_shapes
 
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "F8_E8M0": 1, "U8": 1, "I8": 1, "I32": 4, "I64": 8}
-_ROLE_DTYPES = {   # per stored format: role -> (dtype, shape from the logical [n, k])
-    "fp8": {"weight": ("F8_E4M3", lambda n, k: (n, k)), "scale": ("F8_E8M0", lambda n, k: (ceil_div(n, 128),
-                                                                                           ceil_div(k, 128)))},
-    "mxfp4": {"weight": ("I8", lambda n, k: (n, k // 2)), "scale": ("F8_E8M0", lambda n, k: (n, k // 32))},
-    "nvfp4": {"weight": ("U8", lambda n, k: (n, k // 2)), "weight_scale": ("F8_E4M3", lambda n, k: (n, k // 16)),
-              "weight_scale_2": ("F32", lambda n, k: ()), "input_scale": ("F32", lambda n, k: ())},
-    "bf16": {"weight": ("BF16", lambda n, k: (n, k))},
+# the writer's format name -> (format kind of formats.py, stored dtype per role) as the releases store them
+_FORMATS = {
+    "fp8": (FP8_BLOCK, {"weight": "F8_E4M3", "scale": "F8_E8M0"}),
+    "mxfp4": (MXFP4, {"weight": "I8", "scale": "F8_E8M0"}),
+    "nvfp4": (NVFP4, {"weight": "U8", "weight_scale": "F8_E4M3", "weight_scale_2": "F32", "input_scale": "F32"}),
+    "bf16": (DENSE, {"weight": "BF16"}),
 }
 DEFAULT_SHARD_BYTES = 5 * 10**9
 # a zero global scale is an impossible value (the value scan refuses it; a reciprocal one divides by 0)
@@ -51,11 +50,10 @@ def expected_tensors(c: DSV4Config, flavor: str) -> dict[str, tuple[str, tuple[i
     out: dict[str, tuple[str, tuple[int, ...]]] = {}
     for spec in all_weights(c, mtp=with_mtp):
         if spec.kind == LINEAR:
-            fmt = linear_format(spec, c, flavor, "bf16")
-            table = _ROLE_DTYPES[fmt]
-            names = role_names(spec, table, flavor)
-            for role, (dtype, shape_of) in table.items():
-                out[names[role]] = (dtype, tuple(shape_of(*spec.shape)))
+            kind, dtypes = _FORMATS[linear_format(spec, c, flavor, "bf16")]
+            names = role_names(spec, dtypes, flavor)
+            for role, shape in stored_shapes(kind, spec.shape).items():
+                out[names[role]] = (dtypes[role], tuple(shape))
             continue
         dtype = {NORM: "BF16", TABLE: "BF16", PARAM: "F32", INDEX: "I64"}[spec.kind]
         out[role_names(spec, ["weight"], flavor)["weight"]] = (dtype, tuple(spec.shape))

@@ -246,7 +246,7 @@ def _run(spec: ZooSpec, fault: Fault | None, columns: Sequence[str], modes: Sequ
     rs = RunSpec(source=spec.source, prompts=spec.prompts, plan=spec.plan, backend=backend, profile=spec.profile,
                  device=spec.device, settings=settings_from_rules(spec.rules), reference_cache=spec.reference_cache,
                  columns=tuple(columns), modes=tuple(modes), fault=fault.name if fault else None)
-    result = run_threeway(rs, wrapped, progress)
+    result = run_threeway(rs, wrapped, progress).raise_errors()   # a crash is this row's error
     missing = [f"{n}: FP4 kernels never ran: {m}" for n, c in result.columns.items() for m in c.kernels_missing]
     return result, evaluate(to_frame(result.records), spec.rules, missing)
 

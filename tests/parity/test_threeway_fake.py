@@ -62,3 +62,26 @@ def test_a_model_of_another_checkpoint_is_rejected(tiny, chat_prompts) -> None:
     spec = RunSpec(source=tiny, prompts=chat_prompts, plan=PrecisionPlan.preset("default"), columns=("floor",))
     with pytest.raises(ParityInputError, match="fingerprint"):
         run_threeway(spec, FakeLoaders("0" * 64))
+
+
+@pytest.mark.parametrize("damage", ["manifest", "tensors", "wrong-key"])
+def test_a_corrupt_reference_cache_entry_is_recomputed(tiny, chat_prompts, tmp_path: Path, damage, capsys) -> None:
+    import json
+
+    spec = RunSpec(source=tiny, prompts=chat_prompts[:1], plan=PrecisionPlan.preset("default"),
+                   reference_cache=tmp_path, columns=("floor",))
+    run_threeway(spec, FakeLoaders(tiny.fingerprint))
+    (entry,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    if damage == "manifest":
+        (entry / "manifest.json").write_text("{half")
+    elif damage == "tensors":
+        (entry / "probes.safetensors").write_bytes(b"\x00" * 16)
+    else:
+        m = json.loads((entry / "manifest.json").read_text())
+        (entry / "manifest.json").write_text(json.dumps(dict(m, key="0" * 32)))
+    again = FakeLoaders(tiny.fingerprint)
+    b = run_threeway(spec, again)
+    assert "reference:bf16" in again.built and b.cache_hits == 0          # recomputed, not a traceback
+    assert "is corrupt" in capsys.readouterr().err
+    third = FakeLoaders(tiny.fingerprint)
+    assert run_threeway(spec, third).cache_hits == 1                       # and stored again, whole
