@@ -261,6 +261,40 @@ def calibrated_rules(df: pd.DataFrame, margin: float) -> list[dict[str, Any]]:
     return derive_rules(df, margin) + bug_budget_rules(df, margin)
 
 
+def rule_key(r: dict[str, Any]) -> tuple:
+    return tuple(r.get(k) for k in ("probe", "metric", "op", "pair", "compare_mode", "profile", "prompt"))
+
+
+def envelope(fresh: Sequence[dict[str, Any]], previous: RuleSet, label: str) -> list[dict[str, Any]]:
+    """Rule by rule, the looser of a fresh calibration and a previous file's. The clean noise a
+    calibration measures depends on the CPU's float kernels (their summation order, which near ties
+    flip): measured, the logic pair's logits dp_rms moves 2x between two machine types of this
+    workplace and its flip-dominated KL rules 1.5-4.5x. Thresholds meant for every machine are the
+    envelope of calibrations on each; a note says what the other side (``label``: this calibration)
+    would have set where the two differ."""
+    fresh_by = {rule_key(r): dict(r) for r in fresh}
+    out: list[dict[str, Any]] = []
+    for old in previous.rules:
+        prev = {"probe": old.probe, "metric": old.metric, "op": old.op, "value": float(old.value),
+                "pair": old.pair, "compare_mode": old.compare_mode, "profile": old.profile, "prompt": old.prompt,
+                "note": (old.note or "").split(" | ")[0]}
+        prev = {k: v for k, v in prev.items() if v is not None}
+        new = fresh_by.pop(rule_key(prev), None)
+        if new is None or new["op"] == "==":
+            out.append(new or prev)
+            continue
+        looser_old = prev["value"] > new["value"] if new["op"] == "<=" else prev["value"] < new["value"]
+        if looser_old:
+            prev["note"] += f" | envelope: {label} needs only {new['value']:.6g}"
+            out.append(prev)
+        elif new["value"] != prev["value"]:
+            new["note"] += f" | envelope: the previous file had {prev['value']:.6g}"
+            out.append(new)
+        else:
+            out.append(new)
+    return out + list(fresh_by.values())
+
+
 def _toml_value(v: Any) -> str:
     if isinstance(v, str):
         return "'" + v + "'" if "'" not in v and "\n" not in v else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -409,18 +443,22 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None, help=f"rules file to write (presets: default {default_rules_path()})")
     ap.add_argument("--records", default=None, help="also write the calibration records (JSONL)")
+    ap.add_argument("--envelope", default=None, metavar="FILE",
+                    help="keep, rule by rule, the looser of FILE's thresholds (calibrated on another machine) and "
+                         "this calibration's, so the file holds on both")
     args = ap.parse_args(argv)
 
     def body(console: Console) -> int:
         import datetime
         from dsv4.plan import resolve_plan
-        from .env import code_version, device_name
+        from .env import code_version, cpu_name, device_name
         from .records import atomic_write_text, frame_records, write_records
-        from .rules import DEFAULT_SETTINGS, parse_rules
+        from .rules import DEFAULT_SETTINGS, load_rules, parse_rules
         from .runner import DefaultLoaders
 
         t0 = time.perf_counter()
         source = calibration_source(args, console)
+        previous = load_rules(args.envelope) if args.envelope else None   # bad file: exit 2 before any run
         out = Path(args.out) if args.out else default_rules_path()
         plan = resolve_plan(args.plan)
         device = parse_device(args.device)
@@ -431,6 +469,14 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
                            loaders=loaders or DefaultLoaders(), progress=progress, prompt_set=source.prompt_set,
                            bug_budget=source.bug_budget)
         rules = calibrated_rules(df, args.margin)
+        machine = device_name(device) if device != "cpu" else cpu_name()
+        date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        machines = [machine]
+        if previous is not None:
+            rules = envelope(rules, previous, f"the calibration of {date}")
+            before = previous.calibration.get("machines") or [
+                f"the machine of {args.envelope} ({previous.calibration.get('date', 'undated')})"]
+            machines = list(dict.fromkeys([*before, machine]))
         loo_failed, loo_total, loo_what = leave_one_out(df, args.margin, source.held_out_by)
         held = source.held_out_by.replace("_id", "")
         bb_ran = bool((df["pair"] == "bug_budget").any())
@@ -443,8 +489,10 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
                       "noise floors",
             **source.meta, "plan": plan.name, "profiles": profiles, "modes": modes,
             "margin": args.margin, "records": int(len(df)), "runs": sorted(df["run_id"].unique().tolist()),
-            "code_version": code_version(), "device": device_name(device),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "code_version": code_version(), "device": device_name(device), "machines": machines,
+            **({"envelope": f"each rule is the looser of {args.envelope} (earlier machines) and this calibration "
+                            "(parity.calibrate.envelope)"} if previous is not None else {}),
+            "date": date,
             "wall_seconds": round(time.perf_counter() - t0, 1),
             f"leave_one_{held}_out": f"{loo_failed} of {loo_total} judgements fail when a {held} is held out",
         }

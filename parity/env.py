@@ -54,3 +54,20 @@ def device_name(device: str) -> str:
         idx = d.index if d.index is not None else torch.cuda.current_device()
         return f"cuda:{idx} ({torch.cuda.get_device_name(idx)})"
     return str(d)
+
+
+def cpu_name() -> str:
+    """The CPU model and the vector extensions its float kernels may use (which decide FP32/BF16
+    summation order, hence the clean noise a calibration measures), e.g. ``Intel Xeon (avx512f, amx)``."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and ":" in line:
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "avx512f", "avx512_fp16", "amx_bf16") if f in flags]
+    return f"{model} ({', '.join(isa)})" if isa else model

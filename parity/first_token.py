@@ -71,7 +71,7 @@ def _dry_run(console: Any, args: argparse.Namespace, plan: Any, device: str) -> 
     from .memory import estimate
     from .records import atomic_write_json
 
-    from .render import fmt
+    from .numbers import sig
 
     config = load_config(args.checkpoint)
     path = Path(args.checkpoint)
@@ -97,8 +97,8 @@ def _dry_run(console: Any, args: argparse.Namespace, plan: Any, device: str) -> 
         t.add_column(d, justify="right")
     gib = 1 << 30
     for m in est["models"]:
-        t.add_row(m["model"], *[fmt(m["per_device"].get(d, 0) / gib, 3) for d in devs])
-    t.add_row("peak (models are built one at a time)", *[fmt(est["peak_per_device"][d] / gib, 3) for d in devs],
+        t.add_row(m["model"], *[sig(m["per_device"].get(d, 0) / gib, 3) for d in devs])
+    t.add_row("peak (models are built one at a time)", *[sig(est["peak_per_device"][d] / gib, 3) for d in devs],
               style="bold")
     console.print(t)
     if path.is_dir():

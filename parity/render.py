@@ -18,19 +18,12 @@ from .logits_stats import KL_DIRECTION, top_tokens
 from .rules import RuleSet
 from .summary import layer_cosines, selection_summary, stat_block
 from .threeway import COLUMNS, ColumnResult
+from .numbers import sig
 from .verdict import Verdict
 
 PROMPT_CHARS = 360
 
 
-def fmt(v: float | None, digits: int = 4) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "—"
-    if isinstance(v, float) and math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
-        return f"{v:.{digits - 1}e}"
-    return f"{v:.{digits}f}"
 
 
 def _gpt2_char_to_byte() -> dict[str, int]:
@@ -96,7 +89,7 @@ def stat_table(console: Console, df: pd.DataFrame, pairs: Sequence[str]) -> None
         cells = []
         for p in pairs:
             v = blocks[p].get(label)
-            cells.append("—" if v is None else fmt(v[0]) + (f" ± {fmt(v[1], 2)}" if v[1] is not None else ""))
+            cells.append("—" if v is None else sig(v[0]) + (f" ± {sig(v[1], 2)}" if v[1] is not None else ""))
         t.add_row(label, *cells)
     console.print(t)
 
@@ -121,10 +114,10 @@ def layer_table(console: Console, df: pd.DataFrame, pairs: Sequence[str], layer_
                 cells += ["—", "—"] if iso else ["—"]
                 continue
             r = row.iloc[0]
-            cells.append(fmt(r["propagated_out_cos"], 6))
+            cells.append(sig(r["propagated_out_cos"], 6))
             if iso:
                 short = str(r["isolated_worst_probe"]).removeprefix(f"layers.{lyr}.")
-                cells.append(f"{fmt(r['isolated_worst_cos'], 6)} ({short})")
+                cells.append(f"{sig(r['isolated_worst_cos'], 6)} ({short})")
         t.add_row(name, *cells)
     console.print(t)
 
@@ -144,7 +137,7 @@ def selection_table(console: Console, df: pd.DataFrame) -> None:
     for c in cols:
         t.add_column(labels[c], justify="right")
     for _, r in s.iterrows():
-        t.add_row(r["pair"], str(int(r["layer"])), *[fmt(r[c], 3) if not pd.isna(r[c]) else "" for c in cols])
+        t.add_row(r["pair"], str(int(r["layer"])), *[sig(r[c], 3) if not pd.isna(r[c]) else "" for c in cols])
     console.print(t)
 
 
@@ -200,8 +193,8 @@ def rules_report(console: Console, verdict: Verdict, rules: RuleSet, *, limit: i
         for o in failed[:limit]:
             w = o.worst_record or {}
             where = f"{w.get('pair')}/{w.get('compare_mode')} {w.get('probe')} prompt {w.get('prompt_id')}"
-            t.add_row(escape(o.rule.describe()), f"{o.failed}/{o.matched}", fmt(o.worst, 6), escape(where),
-                      "none (==)" if o.would_pass_at is None else f"{o.rule.op} {fmt(o.would_pass_at, 6)}")
+            t.add_row(escape(o.rule.describe()), f"{o.failed}/{o.matched}", sig(o.worst, 6), escape(where),
+                      "none (==)" if o.would_pass_at is None else f"{o.rule.op} {sig(o.would_pass_at, 6)}")
         if len(failed) > limit:
             t.caption = f"{len(failed) - limit} more failing rules in --json"
         console.print(t)

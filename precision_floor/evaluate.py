@@ -22,6 +22,7 @@ import math
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
@@ -178,6 +179,9 @@ class Evaluation:
 
 # on_evaluated(plan, evaluation): called after every evaluation (computed or loaded), for progress.
 EvalHook = Callable[[PrecisionPlan, Evaluation], None]
+# Digests computed by this process, per store root: without --resume an evaluation is recomputed once
+# per process, not once per study, so a report that runs flips then search computes a shared plan once.
+_COMPUTED_IN_PROCESS: dict[str, set[str]] = {}
 
 
 class Scorer:
@@ -203,12 +207,14 @@ class Scorer:
         digest = key.digest()
         if digest in self._session:
             return self._session[digest]
-        if self.reuse and self.store.has(key):
+        here = _COMPUTED_IN_PROCESS.setdefault(str(Path(self.store.root).resolve()), set())
+        if (self.reuse or digest in here) and self.store.has(key):
             stored = self.store.load(key)
             ev = Evaluation(key, stored.manifest, stored.records, True)
             self.loaded += 1
         else:
             ev = self._compute(plan, key, columns, backend)
+            here.add(digest)
             self.computed += 1
         self._session[digest] = ev
         if self.on_evaluated:
@@ -246,7 +252,7 @@ class Replay(Scorer):
 class Evaluator(Scorer):
     """Evaluates plans on one checkpoint and prompt set through the parity harness, storing each.
 
-    ``reuse=False`` (a CLI run without ``--resume``) recomputes each evaluation once this session,
+    ``reuse=False`` (a CLI run without ``--resume``) recomputes each evaluation once in this process,
     overwriting what the store held. ``loaders`` replace the real model loaders (a fault study wraps
     them); ``manifest_extra(plan)`` adds keys to the manifest (e.g. whether a fault applied)."""
 

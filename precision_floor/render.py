@@ -2,24 +2,17 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 from rich.table import Table
 
-from parity.render import fmt
+from parity.numbers import pm, sig
 
 from .evaluate import PlanScore, plan_label
-from .search import SearchResult
 
-
-def pm(v: Any, se: Any, digits: int = 4) -> str:
-    """``value ± se`` (the SE omitted when unknown)."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "—"
-    if se is None or (isinstance(se, float) and math.isnan(se)):
-        return fmt(float(v), digits)
-    return f"{fmt(float(v), digits)} ± {float(se):.2g}"
+if TYPE_CHECKING:  # render only reads what flips/search hand it: no import back (one-way room)
+    from .search import SearchResult
 
 
 def kib(n: Any) -> str:
@@ -39,8 +32,8 @@ def flip_table(df: pd.DataFrame, direction: str, base: PlanScore) -> Table:
             else f" (L{int(r['worst_cos_layer'])})"
         d = pm(r["d_kl"], r["d_kl_se"]) + (" *" if r["significant"] else "")
         t.add_row(r["class"], pm(r["kl"], r["kl_se"]), d, pm(r["top1"], r["top1_se"], 3),
-                  pm(r["kl_all"], r["kl_all_se"]), fmt(r["worst_cos"], 5) + layer, fmt(r["router_jaccard"], 3),
-                  fmt(r["indexer_overlap"], 3), f"{r['class_bytes_delta'] / 1024:+,.1f} KiB",
+                  pm(r["kl_all"], r["kl_all_se"]), sig(r["worst_cos"], 5) + layer, sig(r["router_jaccard"], 3),
+                  sig(r["indexer_overlap"], 3), f"{r['class_bytes_delta'] / 1024:+,.1f} KiB",
                   style="bold" if r["significant"] else "")
     t.caption = "sorted by effect; * = |dKL| > 2 paired SE over prompts"
     return t

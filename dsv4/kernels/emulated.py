@@ -91,4 +91,6 @@ def _factory(device: torch.device) -> EmulatedBackend:
     return EmulatedBackend()
 
 
-register_backend("emulated", _factory, supports=lambda d: True, priority=0)
+def register() -> None:
+    """Entry point (group ``dsv4_parity.backends``): the registry calls it, never imports this module."""
+    register_backend("emulated", _factory, supports=lambda d: True, priority=0)

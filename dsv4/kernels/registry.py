@@ -53,6 +53,23 @@ def unregister_backend(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
+# The built-in backends' entry points, as pyproject.toml declares them, also called when the package's
+# metadata is absent (a source tree on PYTHONPATH). Data, not imports: this module imports no
+# backend, every backend imports it; installed plugins of the group are called the same way.
+BUILTIN_ENTRY_POINTS = {"emulated": "dsv4.kernels.emulated:register",
+                        "cutedsl": "dsv4.kernels.cutedsl.register:register"}
+
+
+def _call(name: str, target: str) -> None:
+    import importlib
+
+    module, _, func = target.partition(":")
+    try:
+        getattr(importlib.import_module(module), func)()
+    except Exception as e:  # a broken plugin must not break the others
+        log.warning("backend plugin %s (%s) failed to load: %s", name, target, e)
+
+
 def _load_entry_points() -> None:
     global _ENTRY_POINTS_LOADED
     if _ENTRY_POINTS_LOADED:
@@ -60,24 +77,12 @@ def _load_entry_points() -> None:
     _ENTRY_POINTS_LOADED = True
     from importlib.metadata import entry_points
 
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            ep.load()()
-        except Exception as e:  # a broken plugin must not break the built-in backends
-            log.warning("backend plugin %s failed to load: %s", ep.name, e)
-
-
-def _load_builtin() -> None:
-    # Importing registers them; kept lazy so `import dsv4` stays light.
-    from . import emulated  # noqa: F401
-    try:
-        from .cutedsl import register as _cute  # noqa: F401
-    except ImportError as e:  # the cutedsl extra is optional
-        log.debug("cutedsl backends unavailable: %s", e)
+    found = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    for name, target in {**BUILTIN_ENTRY_POINTS, **found}.items():
+        _call(name, target)
 
 
 def available_backends() -> dict[str, BackendInfo]:
-    _load_builtin()
     _load_entry_points()
     return dict(_REGISTRY)
 

@@ -12,6 +12,7 @@ not be measured (marked ``error`` with its message; every other row is kept and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -39,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clean-only", action="store_true", help="run only the clean row (no fault: must raise no alarm)")
     p.add_argument("--records", default=None, help="write every measurement as JSONL here (field 'fault' set)")
     p.add_argument("--json", default=None, help="write the zoo summary (schema parity.bugzoo/1) here")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows of an earlier --json summary (and their --records) measured in the same "
+                        "context; measure only the missing or failed-to-run ones")
     p.add_argument("--checkpoint", default="tiny", help="checkpoint directory or preset (default: tiny)")
     p.add_argument("--seed", type=int, default=0, help="synthetic seed of a tiny preset (default 0: held out)")
     p.add_argument("--prompt-set", default=None, help="prompts TOML (default: the hold-out set)")
@@ -98,19 +102,37 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
                        profile=args.profile, device=device, backend=args.backend,
                        reference_cache=Path(args.reference_cache) if args.reference_cache else None,
                        clean=not args.no_clean)
+        reused: dict = {}
+        if args.resume and not args.json:
+            raise ParityInputError("--resume: expected --json FILE (the summary to resume from), found none")
+        if args.resume:
+            from .resume import previous_rows
+            from .runner import ZooResult
+
+            reused, why = previous_rows(args.json, ZooResult(spec, [], [], 0.0).summary())
+            console.print(why)
+        todo = [f for f in faults if f.name not in reused]
+        run_spec = dataclasses.replace(spec, clean=spec.clean and None not in reused)
         with progress_bars(console) as progress:
-            result = run_zoo(spec, faults, loaders=loaders, progress=progress)
-        summary = result.summary()
+            result = run_zoo(run_spec, todo, loaders=loaders, progress=progress, clean_faults=faults)
+        summary, records = result.summary(), result.records
+        if reused:
+            from .resume import merged_summary, previous_records
+
+            order = ([None] if spec.clean else []) + [f.name for f in faults]
+            summary = merged_summary(summary, {k: v for k, v in reused.items() if k in order}, order)
+            records = previous_records(args.records, {k for k in reused if k in order}
+                                       - {r.fault.name if r.fault else None for r in result.rows}) + records
         if args.records:
-            write_records(args.records, result.records)
+            write_records(args.records, records)
         header(console, summary)
         zoo_table(console, summary)
         footer(console, summary)
         if args.json:
             atomic_write_json(args.json, summary)
-        if any(r.error for r in result.rows):   # rows measured so far are kept above; this run is incomplete
+        if any(r.get("error") for r in summary["rows"]):   # rows measured so far are kept above; this run is incomplete
             return EXIT_TOOL_FAILED
-        return EXIT_PASS if result.passed else EXIT_FAIL
+        return EXIT_PASS if summary["passed"] else EXIT_FAIL
 
     return run_cli(body, console, outputs_of(args))
 

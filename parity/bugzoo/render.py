@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..render import fmt
+from ..numbers import sig
 from .registry import Fault
 
 
@@ -30,7 +30,7 @@ def judgement_text(j: Mapping[str, Any] | None) -> str:
     """``metric value (fails-as) threshold`` over the probe it was measured on."""
     if not j:
         return "—"
-    return (f"{j['metric']} {fmt(_num(j['value']), 4)} {_FAILS_AS[j['op']]} {fmt(_num(j['threshold']), 4)}"
+    return (f"{j['metric']} {sig(_num(j['value']), 4)} {_FAILS_AS[j['op']]} {sig(_num(j['threshold']), 4)}"
             f"\n[dim]{escape(j['probe'])}[/dim]")
 
 

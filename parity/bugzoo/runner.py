@@ -298,15 +298,19 @@ def run_one(spec: ZooSpec, fault: Fault | None, *, loaders: ModelLoaders | None 
 
 
 def run_zoo(spec: ZooSpec, faults: Sequence[Fault], *, loaders: ModelLoaders | None = None,
-            progress: Progress | None = None, on_row: Callable[[ZooRow], None] | None = None) -> ZooResult:
-    """The clean row (every column the faults use, both modes) and one row per fault."""
+            progress: Progress | None = None, on_row: Callable[[ZooRow], None] | None = None,
+            clean_faults: Sequence[Fault] | None = None) -> ZooResult:
+    """The clean row (every column the faults use, both modes) and one row per fault.
+    ``clean_faults``: the faults whose columns the clean row covers (default ``faults``; a resumed
+    zoo measures a subset of the faults but its clean row stands for all of them)."""
     t0 = time.perf_counter()
     rows: list[ZooRow] = []
     records: list[dict[str, Any]] = []
     todo: list[Fault | None] = ([None] if spec.clean else []) + list(faults)
     # The clean row runs every column some fault runs (a bug-budget fault also runs floor), in both
     # modes: a false alarm anywhere would make every "caught" below meaningless.
-    used = {c for f in faults for c in (f.column, "floor" if f.column == "bug_budget" else f.column)}
+    used = {c for f in (faults if clean_faults is None else clean_faults)
+            for c in (f.column, "floor" if f.column == "bug_budget" else f.column)}
     cols = [c for c in ("logic", "floor", "bug_budget") if c in used] or ["logic", "floor", "bug_budget"]
     modes = list(COMPARE_MODES)
     with contextlib.ExitStack() as stack:

@@ -12,7 +12,8 @@ from rich.text import Text
 
 from ..logits_stats import KL_DIRECTION, summarize
 from ..records import ALL_PROMPTS
-from ..render import fmt, token_text
+from ..numbers import sig
+from ..render import token_text
 from .records import STEP_PREFIX, logit_ranges
 from .run import PromptResult
 
@@ -28,10 +29,6 @@ def _bytes(v: float) -> str:
     return f"{v:+.0f} B"
 
 
-def _g(v: float, digits: int = 3) -> str:
-    return "—" if math.isnan(v) else f"{v:.{digits}g}"
-
-
 def step_table(console: Console, res: PromptResult) -> None:
     st, r, n = res.stats, res.ref, res.native
     t = Table(title=f"{res.prompt.id}: {res.compared} steps compared, KL(reference || native); mem Δ = native "
@@ -44,7 +41,7 @@ def step_table(console: Console, res: PromptResult) -> None:
     for a, b in zip(bounds, bounds[1:]):
         w = summarize(st.select(slice(a, b)))
         ms = 1000 * sum(n.seconds[max(a, 1):b]) / max(b - max(a, 1), 1)
-        t.add_row(f"{a}–{b - 1}", f"{_g(w['kl_mean'])} ± {_g(w['kl_se'], 2)}", _g(w["kl_max"]),
+        t.add_row(f"{a}–{b - 1}", f"{sig(w['kl_mean'])} ± {sig(w['kl_se'], 2)}", sig(w["kl_max"]),
                   f"{w['top1_agree_rate']:.3f} ({w['top1_agree_tieaware_rate']:.3f})",
                   str(int(st.near_tie[a:b].sum())), f"{float(nr[a:b].mean()):.3g}/{float(rr[a:b].mean()):.3g}",
                   _bytes(float(n.memory[b - 1] - n.memory[a])), f"{ms:.1f}")
@@ -71,7 +68,7 @@ def probe_table(console: Console, recs: Sequence[dict[str, Any]], res: PromptRes
                        None)
             worst = min(mine, key=lambda x: x["value"])
             short = worst["probe"].removeprefix(f"layers.{layer}.")
-            cells.append(f"{fmt(out['value'] if out else math.nan, 5)} | {fmt(worst['value'], 4)} {short}")
+            cells.append(f"{sig(out['value'] if out else math.nan, 5)} | {sig(worst['value'], 4)} {short}")
         t.add_row("head" if layer is None else f"{layer} ({kinds[layer]})", *cells)
     console.print(t)
 
@@ -129,5 +126,5 @@ def stat_table(console: Console, df: pd.DataFrame, pair: str, mode: str) -> None
     for label, metric, se in STAT_ROWS:
         if metric in vals:
             e = vals.get(se) if se else None
-            t.add_row(label, _g(vals[metric], 4) + (f" ± {_g(e, 2)}" if e is not None else ""))
+            t.add_row(label, sig(vals[metric], 4) + (f" ± {sig(e, 2)}" if e is not None else ""))
     console.print(t)

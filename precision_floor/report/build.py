@@ -78,7 +78,7 @@ def summary_section(d: ReportData) -> str:
         body += note(esc(w), "warn")
     intro = ("KL is KL(reference ‖ native) in nats over the full vocabulary at the first generated position, "
              "mean over the prompt set ± its standard error. The floor is a floor only while the logic column "
-             "(reference BF16 ↔ native all-BF16) passes: with a layer bug the floor column measures the bug too.")
+             "(reference in FP32 ↔ native all-fp32) passes: with a layer bug the floor column measures the bug too.")
     return section("summary", "Summary", body, intro)
 
 
@@ -259,9 +259,9 @@ def layers_section(d: ReportData) -> str:
                 [Col(f"{pair} cos (worst)", pair, lambda v, r: num(v, 6)) for pair in ("logic", "floor", "bug_budget")])
     bug = "".join(note(a) for a in absent)
     intro = (f"Propagated cosine per probe of the floor plan <code>{esc(m.get('plan_name'))}</code>, worst over "
-             "prompts, in three columns: logic = reference BF16 ↔ native all-BF16 on the emulated backend (a gap "
-             "above BF16 noise is a layer bug); floor = reference ↔ native plan on the emulated backend (what "
-             "NVFP4 costs); bug budget = emulated ↔ kernel backend (should be ≈ 0). 1 − cosine below "
+             "prompts, in three columns: logic = reference in FP32 ↔ native all-fp32 on the emulated backend (a gap "
+             "above FP32 noise is a layer bug); floor = reference ↔ native plan on the emulated backend (what "
+             "NVFP4 costs); bug budget = emulated ↔ kernel backend (judged call by call by the kernel audit). 1 − cosine below "
              f"{COS_FLOOR:g} is drawn at {COS_FLOOR:g}.")
     return section("layers", "Per-layer cosine", bug + plot + tbl, intro)
 

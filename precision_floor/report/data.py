@@ -23,8 +23,7 @@ from ..evaluate import COLUMNS, Evaluation, PlanScore, Replay
 from ..flips import DIRECTIONS, FlipTables, run_flips
 from ..search import REFERENCE_PLANS, Budget, SearchResult, floor_search
 
-ZOO_SUMMARY = "bugzoo-summary.json"
-ZOO_RECORDS = "bugzoo-records.jsonl"
+from .studies import ZOO_RECORDS, ZOO_SUMMARY
 
 
 @dataclass

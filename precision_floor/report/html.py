@@ -16,14 +16,10 @@ def isnum(v: Any) -> bool:
 
 
 def num(v: Any, digits: int = 4) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "—"
-    if isinstance(v, float) and math.isinf(v):
-        return "∞" if v > 0 else "−∞"
-    v = float(v)
-    if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
-        return f"{v:.{digits - 1}e}"
-    return f"{v:.{digits}f}"
+    """The project's one number format (parity.numbers.sig), with typographic infinities."""
+    from parity.numbers import sig
+
+    return {"inf": "∞", "-inf": "−∞"}.get(s := sig(v, digits), s)
 
 
 def pm(v: Any, se: Any, digits: int = 4) -> str:
@@ -31,7 +27,7 @@ def pm(v: Any, se: Any, digits: int = 4) -> str:
         return num(v, digits)
     if not isnum(se):
         return num(v, digits)
-    return f"{num(v, digits)} <span class=se>± {float(se):.2g}</span>"
+    return f"{num(v, digits)} <span class=se>± {num(se, 2)}</span>"
 
 
 def kib(n: Any) -> str:
@@ -75,8 +71,14 @@ def kv_table(items: Iterable[tuple[str, str]], cls: str = "kv") -> str:
 
 
 def section(sid: str, title: str, body: str, intro: str = "") -> str:
+    from .studies import regenerate_command
+
     p = f'<p class="intro">{intro}</p>' if intro else ""
-    return f'<section id="{esc(sid)}"><h2>{esc(title)}</h2>{p}{body}</section>'
+    cmd = regenerate_command(sid)
+    regen = (f'<p class="regen">Regenerate: <code>{esc(cmd)}</code> (DIR = the store), then <code>python -m '
+             f'precision_floor.report --records DIR --out FILE</code>, which also runs it when the study is '
+             f'absent.</p>') if cmd else ""
+    return f'<section id="{esc(sid)}"><h2>{esc(title)}</h2>{p}{body}{regen}</section>'
 
 
 def note(text: str, kind: str = "note") -> str:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Sequence
 
+from .labels import Box, Placer, around, text_box
+
 # Colour-blind-safe series colours (Okabe-Ito).
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000")
 W, H = 760, 380
@@ -72,6 +74,7 @@ class Frame:
     x: Axis
     y: Axis
     parts: list[str] = field(default_factory=list)
+    labels: Placer = field(default_factory=lambda: Placer(Box(0, 0, W, H)))
 
     def px(self, v: float) -> float:
         return MARGIN["left"] + self.x.frac(v) * (W - MARGIN["left"] - MARGIN["right"])
@@ -88,16 +91,20 @@ class Frame:
             p.append(f'<line class="grid" x1="{x0}" y1="{y:.1f}" x2="{x1}" y2="{y:.1f}"/>')
             p.append(f'<text class="tick" x="{x0 - 6}" y="{y + 4:.1f}" text-anchor="end">'
                      f'{escape(tick_label(t, self.y.log))}</text>')
+            self.labels.reserve(text_box(x0 - 6, y + 4, tick_label(t, self.y.log), 11, "end"))
         for t in self.x.ticks():
             x = self.px(t)
             p.append(f'<line class="grid" x1="{x:.1f}" y1="{y0}" x2="{x:.1f}" y2="{y1}"/>')
             p.append(f'<text class="tick" x="{x:.1f}" y="{y0 + 16}" text-anchor="middle">'
                      f'{escape(tick_label(t, self.x.log))}</text>')
+            self.labels.reserve(text_box(x, y0 + 16, tick_label(t, self.x.log), 11, "middle"))
         p.append(f'<rect class="frame" x="{x0}" y="{y1}" width="{x1 - x0}" height="{y0 - y1}"/>')
         p.append(f'<text class="axis" x="{(x0 + x1) / 2:.1f}" y="{H - 12}" text-anchor="middle">'
                  f'{escape(self.x.label)}</text>')
         p.append(f'<text class="axis" transform="translate(16 {(y0 + y1) / 2:.1f}) rotate(-90)" '
                  f'text-anchor="middle">{escape(self.y.label)}</text>')
+        self.labels.reserve(text_box((x0 + x1) / 2, H - 12, self.x.label, 12, "middle"))
+        self.labels.reserve(Box(0, y1, 20, y0))     # the rotated y-axis label
 
     def svg(self, title: str) -> str:
         return (f'<svg viewBox="0 0 {W} {H}" width="{W}" height="{H}" role="img" aria-label="{escape(title)}">'
@@ -125,12 +132,19 @@ def scatter(points: Sequence[Point], *, x_label: str, y_label: str, title: str, 
     if budget_y is not None:
         y = f.py(budget_y)
         f.parts.append(f'<line class="budget" x1="{MARGIN["left"]}" y1="{y:.1f}" x2="{W - MARGIN["right"]}" '
-                       f'y2="{y:.1f}"/><text class="budget-label" x="{W - MARGIN["right"] - 4}" y="{y - 5:.1f}" '
-                       f'text-anchor="end">budget {budget_y:g}</text>')
+                       f'y2="{y:.1f}"/>')
+        at = f.labels.place(f"budget {budget_y:g}", 11, [(W - MARGIN["right"] - 4, y - 5, "end"),
+                                                         (W - MARGIN["right"] - 4, y + 14, "end")])
+        if at:
+            f.parts.append(f'<text class="budget-label" x="{at[0]:.1f}" y="{at[1]:.1f}" text-anchor="end">'
+                           f'budget {budget_y:g}</text>')
     if len(front) > 1:
         pts = sorted(front, key=lambda p: p.x)
         path = " ".join(f"{'M' if i == 0 else 'L'}{f.px(p.x):.1f},{f.py(p.y):.1f}" for i, p in enumerate(pts))
         f.parts.append(f'<path class="front-line" d="{path}"/>')
+    # Labels go after every point is drawn, the floor's first: a crowded label is dropped, not overlapped
+    # (its text stays in the point's tooltip).
+    labelled = sorted((p for p in points if p.label), key=lambda p: p.cls != "floor")
     for p in points:
         x, y = f.px(p.x), f.py(p.y)
         if p.err and math.isfinite(p.err):
@@ -139,8 +153,11 @@ def scatter(points: Sequence[Point], *, x_label: str, y_label: str, title: str, 
                            f'y2="{f.py(p.y + p.err):.1f}"/>')
         f.parts.append(f'<circle class="{p.cls}" cx="{x:.1f}" cy="{y:.1f}" r="{6 if p.cls == "floor" else 4}">'
                        f'<title>{escape(p.tip or p.label)}</title></circle>')
-        if p.label:
-            f.parts.append(f'<text class="pt-label" x="{x + 7:.1f}" y="{y - 7:.1f}">{escape(p.label)}</text>')
+    for p in labelled:
+        at = f.labels.place(p.label, 10, around(f.px(p.x), f.py(p.y)))
+        if at:
+            f.parts.append(f'<text class="pt-label" x="{at[0]:.1f}" y="{at[1]:.1f}" text-anchor="{at[2]}">'
+                           f'{escape(p.label)}</text>')
     return f.svg(title)
 
 
@@ -157,11 +174,17 @@ def lines(xs: Sequence[float], series: Sequence[Series], *, x_label: str, y_labe
     vals = [v for s in series for v in s.ys if v is not None]
     f = Frame(padded(list(xs), False, x_label, pad=0.02), padded(vals, log_y, y_label))
     f.axes()
+    for n, s in enumerate(series):   # the legend first: it always shows
+        lx = MARGIN["left"] + sum(34 + 7 * len(t.name) for t in series[:n])
+        f.labels.reserve(text_box(lx + 24, 14, s.name, 12))
     for x, label in x_marks:
         px = f.px(x)
         f.parts.append(f'<line class="mark" x1="{px:.1f}" y1="{MARGIN["top"]}" x2="{px:.1f}" '
-                       f'y2="{H - MARGIN["bottom"]}"/><text class="mark-label" x="{px + 3:.1f}" '
-                       f'y="{MARGIN["top"] + 12}">{escape(label)}</text>')
+                       f'y2="{H - MARGIN["bottom"]}"/>')
+        # Two rows at the top of the frame; a mark whose label fits in neither keeps its line only.
+        at = f.labels.place(label, 10, [(px + 3, MARGIN["top"] + 12 + 12 * k, "start") for k in range(2)])
+        if at:
+            f.parts.append(f'<text class="mark-label" x="{at[0]:.1f}" y="{at[1]:.1f}">{escape(label)}</text>')
     for n, s in enumerate(series):
         color = PALETTE[n % len(PALETTE)]
         segs, cur = [], []

@@ -34,6 +34,9 @@ LAYER_CLASSES = (attention.Attention, compressor.Compressor, indexer.Indexer, li
                  linear.Fp8Linear, moe.MoE, router.Router, router.HashRouter, shared_expert.SharedExpert)
 
 
+pytestmark = pytest.mark.slow   # slow: the whole zoo runs once for the module (~75 s)
+
+
 def _console() -> tuple[Console, io.StringIO]:
     buf = io.StringIO()
     return Console(file=buf, width=200), buf

@@ -88,3 +88,39 @@ def test_leave_one_prompt_out_skips_run_level_aggregates() -> None:
     failed, total, what = leave_one_out(to_frame(rows), 2.0, "prompt_id")
     assert failed >= 1 and any(w.startswith("prompt_id p3:") and "attn.q" in w for w in what)
     assert not any(w.startswith("prompt_id *") for w in what)
+
+
+def test_envelope_keeps_the_looser_rule_of_each_side_and_says_so() -> None:
+    from parity.calibrate import _HEADER_BLANK, envelope
+
+    previous = parse_rules(r"""
+[[rule]]
+probe = '^logits$'
+metric = 'kl_mean'
+op = '<='
+value = 2e-3
+pair = 'logic'
+note = 'worst 1e-3 | envelope: an older note'
+
+[[rule]]
+probe = '^embed$'
+metric = 'cosine'
+op = '>='
+value = 0.99
+pair = 'floor'
+
+[[rule]]
+probe = '^layers\.0\.attn\.q$'
+metric = 'rel_diff'
+op = '<='
+value = 0.5
+""")
+    fresh = [{"probe": "^logits$", "metric": "kl_mean", "op": "<=", "value": 1e-3, "pair": "logic", "note": "fresh"},
+             {"probe": "^embed$", "metric": "cosine", "op": ">=", "value": 0.98, "pair": "floor", "note": "fresh"},
+             {"probe": "^final_norm$", "metric": "rel_diff", "op": "<=", "value": 0.1, "note": "fresh"}]
+    out = {r["probe"]: r for r in envelope(fresh, previous, "this run")}
+    assert out["^logits$"]["value"] == 2e-3   # previous looser for an error metric
+    assert out["^logits$"]["note"] == "worst 1e-3 | envelope: this run needs only 0.001"   # notes never pile up
+    assert out["^embed$"]["value"] == 0.98 and "previous file had 0.99" in out["^embed$"]["note"]
+    assert out[r"^layers\.0\.attn\.q$"]["value"] == 0.5 and out["^final_norm$"]["value"] == 0.1   # one side only: kept
+    parse_rules(render_toml(list(out.values()), dict(DEFAULT_SETTINGS), {"header": _HEADER_BLANK}))

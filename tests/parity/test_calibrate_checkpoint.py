@@ -28,6 +28,7 @@ def checkpoint_dir() -> Path:
     return resolve_preset("tiny", "nvidia-nvfp4", 1)
 
 
+@pytest.mark.slow   # a calibration (~6 s)
 def test_checkpoint_calibration_writes_rules_that_judge_the_standard_prompts(checkpoint_dir: Path,
                                                                              tmp_path: Path) -> None:
     out = tmp_path / "rules" / "mine.toml"

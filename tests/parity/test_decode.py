@@ -17,7 +17,7 @@ from parity import check, decode
 from parity.records import read_records
 from parity.runner import DefaultLoaders
 
-pytestmark = pytest.mark.parity
+pytestmark = [pytest.mark.parity, pytest.mark.slow]  # slow: 300-token decodes (~80 s)
 TOKENS = "300"
 
 

@@ -74,6 +74,7 @@ def test_a_crashing_fault_marks_its_row_and_keeps_the_others(tmp_path: Path) -> 
 
 
 @pytest.mark.parity
+@pytest.mark.slow   # a zoo clean row (~10 s)
 def test_clean_only_runs_the_clean_row(tmp_path: Path) -> None:
     js = tmp_path / "zoo.json"
     con, buf = _console()

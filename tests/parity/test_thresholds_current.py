@@ -4,6 +4,7 @@ re-calibration (found once: thresholds left from an older build, logic KL rules 
 for the code's own clean runs)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dsv4.plan import resolve_plan
@@ -21,11 +22,19 @@ TOLERANCE = 0.25
 # 9.7e-3 vs 2.2e-3; 2026-12-02 / 2026-12-03). The shipped file holds the larger of the two; on the
 # other machine a fresh calibration is lower by up to that factor. Such a rule is stale only if a fresh
 # calibration needs it looser (a false alarm) or is lower by more than machine noise explains.
-FLIP_DOMINATED_SPREAD = 5.0
+# The logic pair's isolated logits rules are FP32 noise (dp_rms ~1e-7, FP32 epsilon on the target
+# token's probability), and that noise too depends on the CPU: worst dp_rms 7.6e-8 on one machine type,
+# 1.4e-7 on an AVX-512-FP16/AMX Xeon (2026-12-04). The shipped file is the envelope of both
+# (`python -m parity.calibrate --envelope`).
+MACHINE_SPREAD = 5.0
 
 
-def _flip_dominated(key: tuple) -> bool:
-    return key[3] == "logic" and key[4] == "propagated" and key[0] == "^logits$"
+pytestmark = pytest.mark.slow   # slow: a full calibration (~27 s)
+
+
+def _machine_dependent(key: tuple) -> bool:
+    """The rules whose clean value moves between machine types by more than TOLERANCE."""
+    return key[3] == "logic" and key[0] == "^logits$"
 
 
 def _key(r) -> tuple:
@@ -66,10 +75,10 @@ def test_default_thresholds_match_a_fresh_calibration() -> None:
         if k not in want:
             continue
         a, b = _allowed_error(k[2], v), _allowed_error(k[2], want[k])
-        if _flip_dominated(k):
-            if b > a * (1 + TOLERANCE) or b < a / FLIP_DOMINATED_SPREAD:
+        if _machine_dependent(k):
+            if b > a * (1 + TOLERANCE) or b < a / MACHINE_SPREAD:
                 stale.append(f"{k[0]} {k[1]} {k[3]}/{k[4]}/{k[5]}: shipped {v:.6g}, fresh {want[k]:.6g} "
-                             f"(flip-dominated: allowed fresh in [shipped / {FLIP_DOMINATED_SPREAD:g}, shipped])")
+                             f"(machine-dependent: allowed fresh in [shipped / {MACHINE_SPREAD:g}, shipped])")
             continue
         if abs(a - b) > TOLERANCE * max(abs(a), abs(b), 1e-12):
             stale.append(f"{k[0]} {k[1]} {k[3]}/{k[4]}/{k[5]}: shipped {v:.6g}, fresh {want[k]:.6g}")

@@ -62,6 +62,7 @@ def test_fault_loaders_apply_and_undo(tiny, faults) -> None:
     loaders.close()
 
 
+@pytest.mark.slow   # a fault study (~8 s)
 def test_study_separates_misattribution_from_a_caught_bug(tmp_path, tiny, prompts, faults) -> None:
     ev = Evaluator(tiny, prompts, EvalStore(tmp_path))
     rescue_head = PrecisionPlan.preset("all-fp4").replace(lm_head="bf16")

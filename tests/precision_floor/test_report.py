@@ -106,35 +106,101 @@ def test_bugzoo_table_from_a_summary(study_dir, tmp_path) -> None:
     assert body.count('class="fail"') == 1      # the failing fault row
 
 
-def test_cli_renders_a_store_and_rejects_a_missing_one(study_dir, tmp_path) -> None:
+def test_cli_renders_a_store_and_rejects_a_file(study_dir, tmp_path) -> None:
     out = tmp_path / "r.html"
-    assert report_main(["--out", str(out), "--records", str(study_dir)]) == 0
+    assert report_main(["--out", str(out), "--records", str(study_dir), "--zoo-summary",
+                        str(tmp_path / "none.json")]) == 0
     assert out.read_text().startswith("<!DOCTYPE html>")
-    assert report_main(["--out", str(out), "--records", str(tmp_path / "nope")]) == 2
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    assert report_main(["--out", str(out), "--records", str(not_a_dir)]) == 2
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(StoreError):
         render_report(EvalStore(empty))
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+def test_report_runs_only_the_missing_studies_with_this_runs_choices(study_dir, tmp_path, monkeypatch) -> None:
+    """A store with flips and search but no zoo: only the zoo's own command runs, with the report's
+    checkpoint choices and the store's file names; every section names its regenerate command."""
+    import shutil as sh
+
+    import parity.bugzoo.__main__ as zoo_cli
+    import precision_floor.flips as flips_cli
+    import precision_floor.search as search_cli
+    from precision_floor.report.studies import STUDIES, ZOO_SUMMARY
+
+    store = tmp_path / "store"
+    sh.copytree(study_dir, store)
+    calls = []
+
+    def fake_zoo(argv):
+        calls.append(("bugzoo", list(argv)))
+        return 2 if "--fail" in argv else 0      # writes nothing: the study "could not run"
+
+    monkeypatch.setattr(zoo_cli, "main", fake_zoo)
+    monkeypatch.setattr(flips_cli, "main", lambda argv: pytest.fail("flips is in the store: must not run"))
+    monkeypatch.setattr(search_cli, "main", lambda argv: pytest.fail("search is in the store: must not run"))
+    out = tmp_path / "r.html"
+    rc = report_main(["--out", str(out), "--records", str(store), "--seed", "0", "--threads", "1"])
+    assert rc == 3                                # the zoo left no summary: reported, the rest rendered
+    assert [c[0] for c in calls] == ["bugzoo"]
+    argv = calls[0][1]
+    assert argv[argv.index("--json") + 1] == str(store / ZOO_SUMMARY) and argv[argv.index("--threads") + 1] == "1"
+    body = out.read_text()
+    for _, (_, cmd) in STUDIES.items():
+        assert cmd in body.replace("&quot;", '"')
+
+
+def test_report_estimates_from_the_store(study_dir) -> None:
+    from precision_floor.report.__main__ import estimate
+
+    text = estimate(EvalStore(study_dir), "flips", 10)
+    assert text.startswith("up to 22 evaluations, ~") and " s each" in text
+
+
+CHROMIUM = next((shutil.which(n) for n in ("chromium-headless-shell", "chromium", "chromium-browser",
+                                             "google-chrome") if shutil.which(n)), None)
+# Measures every SVG text's rendered box (transforms included) and leaves them in the DOM for --dump-dom.
+MEASURE = """<script>const out=[];document.querySelectorAll('svg').forEach((s,i)=>s.querySelectorAll('text')
+.forEach(t=>{const b=t.getBoundingClientRect();out.push([i,t.getAttribute('class'),t.textContent,b.left,b.top,
+b.right,b.bottom])}));document.body.setAttribute('data-boxes',JSON.stringify(out));</script>"""
+
+
+def chromium(*flags: str, page) -> subprocess.CompletedProcess:
+    # --enable-logging=stderr prints the page's console messages as "CONSOLE(...)" / "Uncaught" lines.
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                           "--v=0", *flags, page.as_uri()], capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install -y chromium)")
-def test_renders_in_headless_chromium_without_console_errors(html, tmp_path) -> None:
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium not installed (apt-get install -y "
+                                             "chromium-headless-shell)")
+def test_renders_in_headless_chromium_without_console_errors_or_overlapping_labels(html, tmp_path) -> None:
     page = tmp_path / "report.html"
     page.write_text(html)
     shot = tmp_path / "report.png"
-    # --enable-logging=stderr prints the page's console messages as "CONSOLE(...)" / "Uncaught" lines.
-    r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                        "--v=0", f"--screenshot={shot}", "--window-size=1400,4000", page.as_uri()],
-                       capture_output=True, text=True, timeout=120)
+    r = chromium(f"--screenshot={shot}", "--window-size=1400,4000", page=page)
     assert r.returncode == 0, r.stderr[-2000:]
     console = [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln or "ERR_FILE" in ln]
     assert console == []
     assert shot.stat().st_size > 50_000          # a real page, not a blank one
-    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", page.as_uri()],
-                         capture_output=True, text=True, timeout=120)
+    measured = tmp_path / "measured.html"
+    measured.write_text(html.replace("</body>", MEASURE + "</body>"))
+    dom = chromium("--window-size=1400,4000", "--dump-dom", page=measured)
     for sid, _ in SECTIONS:
         assert f'id="{sid}"' in dom.stdout
+    m = re.search(r'data-boxes="([^"]*)"', dom.stdout)
+    assert m, "the measuring script did not run"
+    boxes = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert len(boxes) > 20 and {b[1] for b in boxes} >= {"tick", "axis", "pt-label"}
+    by_svg: dict[int, list] = {}
+    for b in boxes:
+        by_svg.setdefault(b[0], []).append(b)
+    overlaps = []
+    for items in by_svg.values():
+        for i, a in enumerate(items):
+            for b in items[i + 1:]:
+                if min(a[5], b[5]) - max(a[3], b[3]) > 0.5 and min(a[6], b[6]) - max(a[4], b[4]) > 0.5:
+                    overlaps.append((a[1:3], b[1:3]))
+    assert overlaps == []

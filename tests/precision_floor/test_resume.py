@@ -6,6 +6,7 @@ import pytest
 
 from parity.runner import DefaultLoaders
 from precision_floor.cache import EvalStore
+from precision_floor import evaluate
 from precision_floor.evaluate import Evaluator
 from precision_floor.flips import run_flips
 
@@ -64,9 +65,23 @@ def test_interrupted_flips_resume_without_recomputing(tmp_path, tiny, two_prompt
 def test_without_resume_everything_is_recomputed_once(tmp_path, tiny, two_prompts) -> None:
     store = EvalStore(tmp_path)
     run_flips(Evaluator(tiny, two_prompts, store, loaders=CountingLoaders()), ("lm_head",))
+    evaluate._COMPUTED_IN_PROCESS.clear()            # a second CLI run is another process
     loaders = CountingLoaders()
     ev = Evaluator(tiny, two_prompts, store, loaders=loaders, reuse=False)
     run_flips(ev, ("lm_head",))
     run_flips(ev, ("lm_head",))                      # the same session: served from memory
     assert ev.computed == loaders.native_builds == 4 and ev.loaded == 0
     assert len(store.manifests()) == 4               # overwritten in place, not duplicated
+
+
+def test_without_resume_two_studies_of_one_process_compute_a_shared_plan_once(tmp_path, tiny, two_prompts) -> None:
+    """The report runs flips then search in one process: the second study reads what the first computed
+    (the store then holds nothing older than this process for those plans)."""
+    store = EvalStore(tmp_path)
+    evaluate._COMPUTED_IN_PROCESS.clear()
+    first = CountingLoaders()
+    run_flips(Evaluator(tiny, two_prompts, store, loaders=first, reuse=False), ("lm_head",))
+    second = CountingLoaders()
+    ev = Evaluator(tiny, two_prompts, store, loaders=second, reuse=False)
+    run_flips(ev, ("lm_head",))
+    assert (first.native_builds, second.native_builds, ev.loaded) == (4, 0, 4)

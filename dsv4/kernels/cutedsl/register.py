@@ -1,4 +1,4 @@
-"""Registers ``cutedsl_sm90`` and ``cutedsl_sm100`` (imported lazily by ``dsv4.kernels.registry``).
+"""Registers ``cutedsl_sm90`` and ``cutedsl_sm100`` (the ``cutedsl`` entry point of ``dsv4_parity.backends``).
 
 Without the ``cutedsl`` extra (``import cutlass`` fails) both names are still registered, as
 backends that support no device, so asking for them explains why instead of "unknown backend".
@@ -45,7 +45,8 @@ def _sm100_factory(device: torch.device):
     return Sm100Backend(device)
 
 
-def _register() -> None:
+def register() -> None:
+    """Entry point (group ``dsv4_parity.backends``): the registry calls it, never imports this module."""
     try:
         import cutlass  # noqa: F401  (the optional extra)
     except Exception as e:  # ImportError, or a broken CUDA binding underneath
@@ -58,6 +59,3 @@ def _register() -> None:
                      note="" if _any_gpu_with_major(9) else "compiled, not executed here")
     register_backend("cutedsl_sm100", _sm100_factory, supports=_is_major(10), priority=10,
                      note="" if _any_gpu_with_major(10) else "compiled, not executed here")
-
-
-_register()

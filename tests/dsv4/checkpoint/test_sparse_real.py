@@ -20,6 +20,9 @@ PUBLISHED = {
 }
 
 
+pytestmark = pytest.mark.slow   # slow: real-shaped layers streamed (~50 s)
+
+
 def _bytes(t):
     n = 0
     for dtype, shape in t.values():

@@ -88,6 +88,7 @@ def test_act_quant_compiles_with_ieee_division_only(arch):
 
 
 @needs_cutlass
+@pytest.mark.slow   # compiles every kernel (~7 s)
 def test_compile_check_cli_exits_zero_and_prints_census(capsys):
     from dsv4.kernels import compile_check
 

@@ -207,7 +207,7 @@ def test_registration_survives_a_missing_cutlass(monkeypatch):
     monkeypatch.setitem(sys.modules, "cutlass", None)  # `import cutlass` now raises ImportError
     saved = dict(registry._REGISTRY)
     try:
-        register._register()
+        register.register()
         info = registry._REGISTRY["cutedsl_sm90"]
         assert "nvidia-cutlass-dsl unavailable" in info.note and not info.supports(torch.device("cuda"))
     finally:
