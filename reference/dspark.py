@@ -1,0 +1,251 @@
+"""The DSpark draft of the 0731/0813 releases (docs/dspark.md, equations numbered as there): the
+capture and join of the target layers' hidden states, one 128-slot (``sliding_window``) context
+ring per stage, each stage's block over the γ draft rows (non-causal inside the block), the hc-head
+collapse, the shared LM head, the Markov correction and the confidence head.
+
+Stage s is trunk layer id L + s (its probes are ``layers.{L+s}.*``, as the official code numbers
+them), window-only, score-routed. The join ``main_hidden`` enters only as attention keys/values
+through the rings; it is never added to the residual stream. Same independence rules as the rest
+of the reference: it imports only compute-free parts of dsv4."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dsv4 import probes
+
+from .attention import AttentionWeights, kv_fake_quant
+from .mhc import hc_head, hc_post, hc_pre
+from .model import ReferenceModel
+from .moe import MoE
+from .ops import ACC, linear, mm, rms_norm, unweighted_rms_norm
+from .rope import apply_rope, cos_sin, rope_spec
+
+
+class StageWeights:
+    """The weights of DSpark stage ``mtp.{stage}`` on one device (same call as LayerWeights)."""
+
+    def __init__(self, model: ReferenceModel, stage: int, device: str) -> None:
+        self.store, self.stage, self.device = model.store, stage, device
+
+    def __call__(self, name: str, fp32: bool = False) -> torch.Tensor:
+        return self.store.get(f"mtp.{self.stage}.{name}", None, self.device, fp32)
+
+
+@dataclass
+class DSparkState:
+    """Per stage the ring R_s [W, head_dim] of context kv (Eq 4-5, slot t mod W) and ``pos``: the
+    context positions written so far (0..pos-1); the next anchor sits at position ``pos``."""
+
+    rings: list[torch.Tensor]
+    pos: int = 0
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Eq 17-18 outputs of one draft call: ``tokens`` d_1..d_γ, ``logits`` [γ, V] fp32 after the
+    Markov correction, ``base_logits`` U [γ, V] before it, ``confidence`` [γ] raw logits."""
+
+    tokens: list[int]
+    logits: torch.Tensor
+    base_logits: torch.Tensor
+    confidence: torch.Tensor
+
+
+@dataclass
+class SpecResult:
+    """A greedy speculative generation: the tokens, and per verify step how many drafts were accepted."""
+
+    tokens: list[int]
+    accepted: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance_length(self) -> float:
+        """τ = accepted drafts + 1 per verify step (dspark.md §5 step 4), mean over steps."""
+        return sum(a + 1 for a in self.accepted) / len(self.accepted) if self.accepted else float("nan")
+
+
+class DSparkReference:
+    """The draft of one reference model whose checkpoint carries DSpark stages."""
+
+    def __init__(self, model: ReferenceModel) -> None:
+        c = model.config
+        if not c.dspark_block_size or not model.reader.has_mtp:
+            raise ValueError(f"DSpark: expected a checkpoint with dspark_* config keys and mtp.0-{max(c.dspark_stages, 1) - 1} "
+                             f"tensors (the 0731/0813 layout), found dspark_block_size={c.dspark_block_size} and "
+                             f"{'no ' if not model.reader.has_mtp else ''}mtp.* tensors in {model.reader.path}")
+        self.model, self.c = model, c
+        self.gamma, self.stages = c.dspark_block_size, c.dspark_stages
+        self.device = model.devices["head"]
+        self.rope = rope_spec(c, "window")   # ratio 0: rope_theta, no YaRN (Eq 4)
+
+    # ---- target side -----------------------------------------------------------------------------
+    def trunk(self, state) -> tuple[torch.Tensor, torch.Tensor]:
+        """The trunk over ``state.ids`` (extending its caches): logits [T, V] and main_hidden M [T, 3D]
+        (Eq 1-2: the mean over the streams after each target layer, in config order)."""
+        m = self.model
+        x, taken = m.embed(state.ids), {}
+        for i in range(self.c.num_hidden_layers):
+            x = m.layer(i, x, state)
+            if i in self.c.dspark_target_layer_ids:
+                taken[i] = x.to(ACC).mean(dim=1).to(m.dtype).to(self.device)
+        return m.head(x), torch.cat([taken[i] for i in self.c.dspark_target_layer_ids], dim=-1)
+
+    def new_state(self) -> DSparkState:
+        return DSparkState([torch.zeros(self.c.sliding_window, self.c.head_dim, dtype=self.model.dtype,
+                                        device=self.device) for _ in range(self.stages)])
+
+    def commit(self, ds: DSparkState, main_hidden: torch.Tensor) -> None:
+        """Eq 3-5 for the next rows of committed context (positions ds.pos..): every stage's ring."""
+        T, W = main_hidden.shape[0], self.c.sliding_window
+        positions = torch.arange(ds.pos, ds.pos + T, device=self.device)
+        s0 = StageWeights(self.model, 0, self.device)
+        mh = rms_norm(linear(main_hidden, s0("main_proj"), self.model.profile.act_quant), s0("main_norm", True),
+                      self.c.rms_norm_eps)                                                     # Eq 3
+        cs = cos_sin(self.rope, positions)
+        for s in range(self.stages):
+            sw = StageWeights(self.model, s, self.device)
+            kv = apply_rope(rms_norm(linear(mh, sw("attn.wkv"), self.model.profile.act_quant),
+                                     sw("attn.kv_norm", True), self.c.rms_norm_eps), cs)       # Eq 4
+            if self.model.profile.kv_fp8:
+                kv = kv_fake_quant(kv, self.c.qk_rope_head_dim)
+            n = min(T, W)
+            ds.rings[s][positions[-n:] % W] = kv[-n:]                                          # Eq 5
+        ds.pos += T
+
+    # ---- draft side --------------------------------------------------------------------------------
+    def _attention(self, s: int, sw: StageWeights, x: torch.Tensor, positions: torch.Tensor,
+                   ds: DSparkState) -> torch.Tensor:
+        """Eq 9-14: the trunk's q and kv path on the block rows; every row sees the same keys, the
+        ring's valid slots (context 0..pos-1, the last W) and all γ block keys; sink in the denominator."""
+        c, m = self.c, self.model
+        c_layer = c.num_hidden_layers + s
+        w = AttentionWeights(sw("attn.wq_a"), sw("attn.q_norm", True), sw("attn.wq_b"), sw("attn.wkv"),
+                             sw("attn.kv_norm", True), sw("attn.wo_a"), sw("attn.wo_b"), sw("attn.attn_sink"))
+        q_ = m._quant
+        T, H, d = x.shape[0], c.num_attention_heads, c.head_dim
+        cs = cos_sin(self.rope, positions)
+        q_lat = rms_norm(linear(x, w.wq_a, q_["attn.wq_a"]), w.q_norm, c.rms_norm_eps)
+        q = unweighted_rms_norm(linear(q_lat, w.wq_b, q_["attn.wq_b"]).view(T, H, d), c.rms_norm_eps)
+        probes.emit(f"layers.{c_layer}.attn.q", q)
+        q = apply_rope(q, cs)
+        kv = rms_norm(linear(x, w.wkv, q_["attn.wkv"]), w.kv_norm, c.rms_norm_eps)
+        probes.emit(f"layers.{c_layer}.attn.kv", kv)
+        kv = apply_rope(kv, cs)
+        if m.profile.kv_fp8:
+            kv = kv_fake_quant(kv, c.qk_rope_head_dim)
+        keys = torch.cat((ds.rings[s][:min(c.sliding_window, ds.pos)], kv))                    # Eq 12
+        sink = w.attn_sink.float()
+        sc = (torch.einsum("thd,kd->thk", q.to(ACC), keys.to(ACC)) * d ** -0.5).float()
+        mx = torch.maximum(sc.amax(dim=-1), sink)
+        e = torch.exp((sc - mx.unsqueeze(-1)).to(ACC))
+        prob = (e / (e.sum(dim=-1) + torch.exp((sink - mx).to(ACC))).unsqueeze(-1)).float().to(q.dtype)
+        o = torch.einsum("thk,kd->thd", prob.to(ACC), keys.to(ACC)).float().to(q.dtype)          # Eq 13
+        o = apply_rope(o, cs, inverse=True)
+        probes.emit(f"layers.{c_layer}.attn.core", o)
+        G, R = c.o_groups, c.o_lora_rank
+        z = torch.einsum("tgi,gri->tgr", o.reshape(T, G, -1).to(ACC), w.wo_a.to(ACC).view(G, R, -1)).float()
+        out = linear(z.to(x.dtype).flatten(1), w.wo_b, q_["attn.wo_b"])                        # Eq 14
+        probes.emit(f"layers.{c_layer}.attn.out", out)
+        return out
+
+    def _stage(self, s: int, x: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor,
+               ds: DSparkState) -> torch.Tensor:
+        """One stage block (a window-only V4 block with the DSpark attention)."""
+        c, layer = self.c, self.c.num_hidden_layers + s
+        sw = StageWeights(self.model, s, self.device)
+        hc = dict(n=c.hc_mult, iters=c.hc_sinkhorn_iters, hc_eps=c.hc_eps, rms_eps=c.rms_norm_eps)
+        h, post, comb = hc_pre(x, sw("hc_attn_fn"), sw("hc_attn_scale"), sw("hc_attn_base"), **hc)
+        a = self._attention(s, sw, rms_norm(h, sw("attn_norm", True), c.rms_norm_eps), positions, ds)
+        x = hc_post(a, x, post, comb)
+        h, post, comb = hc_pre(x, sw("hc_ffn_fn"), sw("hc_ffn_scale"), sw("hc_ffn_base"), **hc)
+        f = self._moe(sw)(rms_norm(h, sw("ffn_norm", True), c.rms_norm_eps), ids, layer)
+        x = hc_post(f, x, post, comb)
+        probes.emit(f"layers.{layer}.out", x)
+        return x
+
+    def _moe(self, sw: StageWeights) -> MoE:
+        """The stage's MoE: score-routed (a stage is never a hash layer), one shared expert."""
+        c, q = self.c, self.model._quant
+
+        def experts(e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            return sw(f"ffn.experts.{e}.w1"), sw(f"ffn.experts.{e}.w3"), sw(f"ffn.experts.{e}.w2")
+
+        shared = (sw("ffn.shared_experts.w1"), sw("ffn.shared_experts.w3"), sw("ffn.shared_experts.w2"))
+        return MoE(sw("ffn.gate"), sw("ffn.gate.bias"), None, experts, shared, k=c.num_experts_per_tok,
+                   scale=c.routed_scaling_factor, limit=c.swiglu_limit, quant_routed=q["ffn.experts.0.w1"],
+                   quant_shared=q["ffn.shared_experts.w1"])
+
+    @torch.no_grad()
+    def draft(self, ds: DSparkState, anchor: int) -> Draft:
+        """Eq 6-18, greedy: the γ draft tokens after ``anchor`` (at position ds.pos)."""
+        c, m = self.c, self.model
+        ids = torch.tensor([anchor] + [c.dspark_noise_token_id] * (self.gamma - 1), device=self.device)   # Eq 6
+        positions = torch.arange(ds.pos, ds.pos + self.gamma, device=self.device)                          # Eq 8
+        e = m.store.get("embed", None, self.device)[ids].to(m.dtype)
+        x = e.unsqueeze(1).expand(-1, c.hc_mult, -1).contiguous()                                         # Eq 7
+        for s in range(self.stages):
+            x = self._stage(s, x, ids, positions, ds)
+        last = StageWeights(m, self.stages - 1, self.device)
+        z = hc_head(x, last("hc_head_fn"), last("hc_head_scale"), last("hc_head_base"), hc_eps=c.hc_eps,
+                    rms_eps=c.rms_norm_eps)                                                              # Eq 15
+        probes.emit("dspark.hc_head", z)
+        u = mm(rms_norm(z, last("norm", True), c.rms_norm_eps), m.store.get("head", None, self.device, True).T).float()
+        probes.emit("dspark.base_logits", u)                                                             # Eq 16
+        w1 = last("markov_head.markov_w1")                      # [V, r] in the model dtype (a lookup)
+        w2 = last("markov_head.markov_w2", True).float()        # [V, r] held fp32
+        wc = last("confidence_head.proj", True).float().reshape(-1)
+        prev, tokens, rows, conf = anchor, [], [], []
+        for r in range(self.gamma):                                                                     # Eq 17
+            er = w1[prev]
+            lr = u[r] + mm(er.float(), w2.T).float()
+            conf.append((wc.to(ACC) @ torch.cat((z[r].float(), er.float())).to(ACC)).float())          # Eq 18
+            prev = int(torch.argmax(lr))
+            tokens.append(prev)
+            rows.append(lr)
+        logits = torch.stack(rows)
+        probes.emit("dspark.logits", logits)
+        confidence = torch.stack(conf)
+        probes.emit("dspark.confidence", confidence)
+        m.store.release()
+        return Draft(tokens, logits, u, confidence)
+
+    # ---- one speculative loop ------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate_greedy(self, prompt: torch.Tensor, n_tokens: int) -> SpecResult:
+        """Greedy speculative decoding (dspark.md §5): draft γ tokens, verify them with one trunk pass
+        over [a, d_1..d_γ], accept the longest prefix the target's argmax agrees with plus its bonus
+        token, commit the accepted rows' hidden states into the rings. The tokens equal plain greedy
+        decoding of the trunk (lossless), whatever the draft proposes."""
+        import copy
+
+        m = self.model
+        state = m.new_state(prompt)
+        logits, mh = self.trunk(state)
+        ds = self.new_state()
+        self.commit(ds, mh)
+        anchor = int(torch.argmax(logits[-1]))
+        out = SpecResult([anchor])
+        while len(out.tokens) < n_tokens:
+            d = self.draft(ds, anchor)
+            before = copy.deepcopy(state)
+            state.ids, state.start = torch.tensor([anchor] + d.tokens, dtype=torch.int64), state.pos
+            q, _ = self.trunk(state)
+            target = torch.argmax(q, dim=-1).tolist()
+            n = 0
+            while n < self.gamma and d.tokens[n] == target[n]:
+                n += 1
+            # commit only the accepted rows: rerun the trunk on them from the state before the verify
+            state = before
+            state.ids, state.start = torch.tensor([anchor] + d.tokens[:n], dtype=torch.int64), state.pos
+            again, mh = self.trunk(state)
+            if not torch.equal(again, q[:n + 1]):   # the reference is batch-invariant (ops.py): a gap is a bug here
+                raise RuntimeError(f"DSpark verify: the accepted rows' logits differ between the verify pass and "
+                                   f"the commit pass at position {state.start} (max {float((again - q[:n + 1]).abs().max()):g})")
+            self.commit(ds, mh)
+            anchor = target[n]
+            out.tokens += d.tokens[:n] + [anchor]
+            out.accepted.append(n)
+        out.tokens = out.tokens[:n_tokens]
+        return out
