@@ -66,6 +66,28 @@ class SpecResult:
         return sum(a + 1 for a in self.accepted) / len(self.accepted) if self.accepted else float("nan")
 
 
+def rejection_accept(draft_probs: torch.Tensor, target_probs: torch.Tensor, tokens: list[int],
+                     generator: torch.Generator | None = None) -> tuple[int, int]:
+    """Standard speculative sampling (dspark.md §5 step 3): for j = 1..γ accept d_j with probability
+    min(1, q_{j-1}(d_j) / p_j(d_j)); at the first rejection draw the replacement from
+    norm(max(0, q_{j-1} − p_j)) and stop; if all are accepted draw the bonus from q_γ. ``draft_probs``
+    [γ, V] are the Markov-corrected draft probabilities the tokens were drawn from, ``target_probs``
+    [γ+1, V] the target's. Returns (accepted drafts n, the token committed after them). The committed
+    tokens are distributed exactly as the target's own sampling would draw them."""
+    g = len(tokens)
+    if tuple(draft_probs.shape[:1]) != (g,) or target_probs.shape[0] != g + 1:
+        raise ValueError(f"rejection_accept: expected draft probs [{g}, V] and target probs [{g + 1}, V] for {g} "
+                         f"tokens, found {list(draft_probs.shape)} and {list(target_probs.shape)}")
+    p, q = draft_probs.to(ACC), target_probs.to(ACC)
+    for j, t in enumerate(tokens):
+        u = torch.rand((), dtype=ACC, generator=generator)
+        if u * p[j, t] <= q[j, t]:                       # u < q/p without dividing by a zero p
+            continue
+        residual = (q[j] - p[j]).clamp_min(0)
+        return j, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    return g, int(torch.multinomial(q[g], 1, generator=generator))
+
+
 class DSparkReference:
     """The draft of one reference model whose checkpoint carries DSpark stages."""
 
@@ -178,8 +200,10 @@ class DSparkReference:
                    quant_shared=q["ffn.shared_experts.w1"])
 
     @torch.no_grad()
-    def draft(self, ds: DSparkState, anchor: int) -> Draft:
-        """Eq 6-18, greedy: the γ draft tokens after ``anchor`` (at position ds.pos)."""
+    def draft(self, ds: DSparkState, anchor: int, temperature: float = 0.0,
+              generator: torch.Generator | None = None) -> Draft:
+        """Eq 6-18: the γ draft tokens after ``anchor`` (at position ds.pos): argmax at temperature 0,
+        else drawn from softmax(ℓ_r / T) (each row corrected from the token drawn before it)."""
         c, m = self.c, self.model
         ids = torch.tensor([anchor] + [c.dspark_noise_token_id] * (self.gamma - 1), device=self.device)   # Eq 6
         positions = torch.arange(ds.pos, ds.pos + self.gamma, device=self.device)                          # Eq 8
@@ -201,7 +225,8 @@ class DSparkReference:
             er = w1[prev]
             lr = u[r] + mm(er.float(), w2.T).float()
             conf.append((wc.to(ACC) @ torch.cat((z[r].float(), er.float())).to(ACC)).float())          # Eq 18
-            prev = int(torch.argmax(lr))
+            prev = int(torch.argmax(lr)) if temperature <= 0 else int(
+                torch.multinomial(torch.softmax(lr.to(ACC) / max(temperature, 1e-5), -1), 1, generator=generator))
             tokens.append(prev)
             rows.append(lr)
         logits = torch.stack(rows)
@@ -213,11 +238,13 @@ class DSparkReference:
 
     # ---- one speculative loop ------------------------------------------------------------------------
     @torch.no_grad()
-    def generate_greedy(self, prompt: torch.Tensor, n_tokens: int) -> SpecResult:
-        """Greedy speculative decoding (dspark.md §5): draft γ tokens, verify them with one trunk pass
-        over [a, d_1..d_γ], accept the longest prefix the target's argmax agrees with plus its bonus
-        token, commit the accepted rows' hidden states into the rings. The tokens equal plain greedy
-        decoding of the trunk (lossless), whatever the draft proposes."""
+    def generate(self, prompt: torch.Tensor, n_tokens: int, temperature: float = 0.0,
+                 generator: torch.Generator | None = None) -> SpecResult:
+        """Speculative decoding (dspark.md §5): draft γ tokens, verify them with one trunk pass over
+        [a, d_1..d_γ], accept (greedy at temperature 0: the longest prefix the target's argmax agrees
+        with plus its bonus token; else :func:`rejection_accept` on softmax(logits / T) of both), commit
+        the accepted rows' hidden states into the rings. Greedy output equals plain greedy decoding
+        of the trunk (lossless), whatever the draft proposes."""
         import copy
 
         m = self.model
@@ -225,17 +252,27 @@ class DSparkReference:
         logits, mh = self.trunk(state)
         ds = self.new_state()
         self.commit(ds, mh)
-        anchor = int(torch.argmax(logits[-1]))
+        def pick(row: torch.Tensor) -> int:
+            if temperature <= 0:
+                return int(torch.argmax(row))
+            return int(torch.multinomial(torch.softmax(row.to(ACC) / temperature, -1), 1, generator=generator))
+
+        anchor = pick(logits[-1])
         out = SpecResult([anchor])
         while len(out.tokens) < n_tokens:
-            d = self.draft(ds, anchor)
+            d = self.draft(ds, anchor, temperature, generator)
             before = copy.deepcopy(state)
             state.ids, state.start = torch.tensor([anchor] + d.tokens, dtype=torch.int64), state.pos
             q, _ = self.trunk(state)
-            target = torch.argmax(q, dim=-1).tolist()
-            n = 0
-            while n < self.gamma and d.tokens[n] == target[n]:
-                n += 1
+            if temperature <= 0:
+                target = torch.argmax(q, dim=-1).tolist()
+                n = 0
+                while n < self.gamma and d.tokens[n] == target[n]:
+                    n += 1
+                nxt = target[n]
+            else:
+                n, nxt = rejection_accept(torch.softmax(d.logits.to(ACC) / temperature, -1),
+                                          torch.softmax(q.to(ACC) / temperature, -1), d.tokens, generator)
             # commit only the accepted rows: rerun the trunk on them from the state before the verify
             state = before
             state.ids, state.start = torch.tensor([anchor] + d.tokens[:n], dtype=torch.int64), state.pos
@@ -244,7 +281,7 @@ class DSparkReference:
                 raise RuntimeError(f"DSpark verify: the accepted rows' logits differ between the verify pass and "
                                    f"the commit pass at position {state.start} (max {float((again - q[:n + 1]).abs().max()):g})")
             self.commit(ds, mh)
-            anchor = target[n]
+            anchor = nxt
             out.tokens += d.tokens[:n] + [anchor]
             out.accepted.append(n)
         out.tokens = out.tokens[:n_tokens]

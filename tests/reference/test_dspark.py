@@ -37,7 +37,7 @@ def test_speculative_output_equals_plain_greedy(profile, dtype) -> None:
     plain = [int(torch.argmax(logits[-1]))]
     while len(plain) < 24:
         plain.append(int(torch.argmax(model.decode_step(st, plain[-1]))))
-    res = DSparkReference(model).generate_greedy(PROMPT, 24)
+    res = DSparkReference(model).generate(PROMPT, 24)
     assert res.tokens == plain
     assert all(0 <= a <= 5 for a in res.accepted) and 1 <= res.acceptance_length <= 6
 
@@ -49,8 +49,8 @@ def test_accept_rule_takes_the_agreeing_prefix_plus_the_bonus(model, plain, monk
     ds = DSparkReference(model)
     real = ds.draft
 
-    def draft(state, anchor):
-        d = real(state, anchor)                  # the real draft runs; only its tokens are replaced
+    def draft(state, anchor, *args):
+        d = real(state, anchor, *args)                 # the real draft runs; only its tokens are replaced
         i = state.pos - len(PROMPT) + 1          # index in `plain` of the token after the anchor
         assert plain[i - 1] == anchor
         want = plain[i:i + ds.gamma] if oracle else [(t + 1) % model.config.vocab_size for t in plain[i:i + ds.gamma]]
@@ -58,7 +58,7 @@ def test_accept_rule_takes_the_agreeing_prefix_plus_the_bonus(model, plain, monk
         return Draft(want, d.logits, d.base_logits, d.confidence)
 
     monkeypatch.setattr(ds, "draft", draft)
-    res = ds.generate_greedy(PROMPT, 19)
+    res = ds.generate(PROMPT, 19)
     assert res.tokens == plain[:19]
     assert res.accepted == ([5, 5, 5] if oracle else [0] * 18)
 
@@ -140,3 +140,31 @@ def test_a_checkpoint_without_dspark_is_refused_by_name() -> None:
     m = reference.load_model(str(resolve_preset("tiny", flavor="nvidia-nvfp4", seed=0)))
     with pytest.raises(ValueError, match="DSpark: expected a checkpoint with dspark_"):
         DSparkReference(m)
+
+
+def test_rejection_sampling_commits_tokens_distributed_as_the_target() -> None:
+    """Statistical (the noise is real: 40,000 draws): the first committed token of a step is distributed
+    as the target's q_0 whatever the draft's p, checked per token within 5 binomial SEs (a draft
+    token accepted without the min(1, q/p) rule would move it by ~0.1, i.e. >20 SE)."""
+    from reference.dspark import rejection_accept
+
+    gen = torch.Generator().manual_seed(0)
+    V, g, N = 5, 2, 40_000
+    p = torch.softmax(torch.randn(g, V, generator=gen) * 2, dim=-1)
+    q = torch.softmax(torch.randn(g + 1, V, generator=gen) * 2, dim=-1)
+    first = torch.zeros(V)
+    for _ in range(N):
+        toks = [int(torch.multinomial(p[j], 1, generator=gen)) for j in range(g)]
+        n, nxt = rejection_accept(p, q, toks, gen)
+        first[toks[0] if n >= 1 else nxt] += 1
+    freq, se = first / N, (q[0] * (1 - q[0]) / N).sqrt()
+    assert ((freq - q[0]).abs() <= 5 * se + 1e-9).all(), (freq, q[0])
+    with pytest.raises(ValueError, match="expected draft probs"):
+        rejection_accept(p, q[:2], [0, 1])
+
+
+def test_sampled_speculation_is_reproducible_and_commits_whole_steps(model) -> None:
+    ds = DSparkReference(model)
+    runs = [ds.generate(PROMPT, 16, temperature=0.8, generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    assert runs[0].tokens == runs[1].tokens and len(runs[0].tokens) == 16
+    assert sum(a + 1 for a in runs[0].accepted) >= 15 and all(0 <= a <= ds.gamma for a in runs[0].accepted)
