@@ -70,6 +70,10 @@ def check_probe_set(dump: Dump, src: CheckpointSource) -> None:
     c = src.config
     expected = probe_names(c.num_hidden_layers, [c.layer_kind(i) for i in range(c.num_hidden_layers)])
     missing = [n for n in expected if n not in dump.probes]
+    if dump.manifest.get("probe_subset") is True:
+        if "logits" not in dump.probes:   # a subset is judged on what it holds, and always on its logits
+            raise DumpError(f"dump {dump.path}: a probe_subset dump must hold 'logits', found none")
+        return
     if missing:
         more = f" (and {len(missing) - 10} more)" if len(missing) > 10 else ""
         raise DumpError(f"dump {dump.path}: missing probes {missing[:10]}{more}; a dump must hold every probe "
@@ -131,14 +135,16 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
                        settings=settings_from_rules(rules),
                        reference_cache=Path(args.reference_cache) if args.reference_cache else None)
         with progress_bars(console) as progress:
-            anchors, _ = run_reference(spec, args.profile, loaders or DefaultLoaders(), progress)
+            anchors, _ = run_reference(spec, args.profile, loaders or DefaultLoaders(), progress, pair=args.pair)
         ctx = run_context(spec, plan=str(dumps[0].manifest.get("plan") or f"engine:{engines[0]}"),
                        profile=args.profile, backend=engines[0])
         records, stats = [], []
-        column = ColumnResult(args.pair, f"reference:{args.profile}", f"engine:{engines[0]}", True)
+        anchor_label = "reference:bf16/float32" if args.pair == "logic" else f"reference:{args.profile}"
+        column = ColumnResult(args.pair, anchor_label, f"engine:{engines[0]}", True)
         for d, p, anchor in zip(dumps, prompts, anchors):
             check_shapes(d, anchor.probes)
-            recs, st = compare_probes(anchor.probes, d.probes, where=Where(ctx, args.pair, "propagated", p.id, p.mode),
+            judged = {n: t for n, t in anchor.probes.items() if n in d.probes}   # a subset dump: what it holds
+            recs, st = compare_probes(judged, d.probes, where=Where(ctx, args.pair, "propagated", p.id, p.mode),
                                       config=src.config, ids=p.tensor(), router_bias=src.router_bias,
                                       settings=spec.settings)
             records += recs
@@ -153,8 +159,12 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
         verdict = evaluate(df, rules, divergence_mode="propagated")
         if args.records:
             write_records(args.records, records)
-        console.print(f"engine {engines[0]} ({len(dumps)} dumps) vs reference:{args.profile} on {src.spec} "
+        console.print(f"engine {engines[0]} ({len(dumps)} dumps) vs {anchor_label} on {src.spec} "
                       f"({src.config_name}); judged as pair {args.pair!r}; {KL_DIRECTION}")
+        unjudged = sorted({n for d, a in zip(dumps, anchors) for n in a.probes if n not in d.probes})
+        if unjudged:
+            console.print(f"not in the dumps (probe_subset), not judged: {len(unjudged)} probes, e.g. "
+                          f"{', '.join(unjudged[:6])}")
         for p in prompts:
             prompt_panel(console, p, src.tokenizer, column, args.topk)
         stat_table(console, df, [args.pair])

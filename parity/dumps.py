@@ -5,7 +5,8 @@ A dump is one prompt's prefill by some engine, in a directory::
     DIR/manifest.json       {"format": "dsv4-parity-dump", "format_version": 1, "engine": "my-engine",
                              "token_ids": [...], "prompt_mode": "chat"|"thinking", "dtype": "bfloat16",
                              "probes": [names in emission order], "prompt_id": optional id of the
-                             standard prompt set, "prompt_text": optional rendered prompt}
+                             standard prompt set, "prompt_text": optional rendered prompt,
+                             "probe_subset": optional true when the engine gives only some probes}
     DIR/probes.safetensors  one tensor per probe, keyed by the probe name of docs/model_surface.md
                             (shapes as listed there; logits fp32 [T, V])
 
@@ -72,9 +73,10 @@ class Dump:
 
 def write_dump(out: str | Path, probes: Mapping[str, torch.Tensor], *, engine: str, token_ids: Sequence[int],
                prompt_mode: str, prompt_id: str | None = None, prompt_text: str | None = None,
-               dtype: str | None = None) -> Path:
+               dtype: str | None = None, probe_subset: bool = False) -> Path:
     """Write one dump atomically (a temporary directory renamed into place; an existing dump at
-    ``out`` is replaced)."""
+    ``out`` is replaced). ``probe_subset``: the engine can give only some probes (e.g. hooks on module
+    outputs); the manifest says so and the comparison judges those it has."""
     from safetensors.torch import save_file
     from dsv4.encoding import THINKING_MODES
     from dsv4.probes import parse_probe
@@ -96,7 +98,8 @@ def write_dump(out: str | Path, probes: Mapping[str, torch.Tensor], *, engine: s
                              if n.endswith(".out") and t.is_floating_point()), "unknown")
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "engine": engine,
                     "token_ids": [int(i) for i in token_ids], "prompt_mode": prompt_mode, "dtype": act,
-                    "probes": list(probes), "prompt_id": prompt_id, "prompt_text": prompt_text}
+                    "probes": list(probes), "prompt_id": prompt_id, "prompt_text": prompt_text,
+                    **({"probe_subset": True} if probe_subset else {})}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)

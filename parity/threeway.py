@@ -299,9 +299,12 @@ def _now() -> float:
 
 
 def run_reference(spec: RunSpec, profile: str, loaders: ModelLoaders | None = None,
-                  progress: Progress | None = None) -> tuple[list[SideOutput], list[ForwardTime]]:
-    """The reference's outputs for ``spec.prompts`` (through the reference cache when configured)."""
+                  progress: Progress | None = None, pair: str = "floor") -> tuple[list[SideOutput], list[ForwardTime]]:
+    """The reference's outputs for ``spec.prompts`` (through the reference cache when configured), as
+    the anchor of ``pair``: the logic pair's anchor is the bf16 profile computed in FP32."""
     r = _Runner(spec, loaders or DefaultLoaders(), progress)
+    if pair == "logic":
+        return r.reference(LOGIC_PROFILE, LOGIC_REF_DTYPE), r.forwards
     return r.reference(profile), r.forwards
 
 
