@@ -97,6 +97,32 @@ def sparse_attention(q: torch.Tensor, keys: torch.Tensor, key0: int, comp: torch
     return torch.cat(out)
 
 
+def project_qkv(w: AttentionWeights, s: AttentionShape, quant: dict[str, bool], x: torch.Tensor,
+                cs: tuple[torch.Tensor, torch.Tensor], kv_fp8: bool, prefix: str
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """§5 steps 1-2 on the attn-normed rows x [T, D]: the roped queries [T, H, d], the query latent
+    (the indexer's input) and the roped single K=V head [T, d] (FP8 nope dims when ``kv_fp8``).
+    Emits ``{prefix}attn.q`` and ``{prefix}attn.kv`` before RoPE."""
+    T = x.shape[0]
+    q_lat = rms_norm(linear(x, w.wq_a, quant["attn.wq_a"]), w.q_norm, s.eps)
+    q = unweighted_rms_norm(linear(q_lat, w.wq_b, quant["attn.wq_b"]).view(T, s.n_heads, s.head_dim), s.eps)
+    probes.emit(f"{prefix}attn.q", q)
+    kv = rms_norm(linear(x, w.wkv, quant["attn.wkv"]), w.kv_norm, s.eps)
+    probes.emit(f"{prefix}attn.kv", kv)
+    kv = apply_rope(kv, cs)
+    if kv_fp8:
+        kv = kv_fake_quant(kv, s.rope_dim)
+    return apply_rope(q, cs), q_lat, kv
+
+
+def grouped_output(o: torch.Tensor, w: AttentionWeights, s: AttentionShape, quant: dict[str, bool],
+                   dtype: torch.dtype) -> torch.Tensor:
+    """§5 step 7: group g = heads (H/G)g..; z_g = W_oa[g] o_g; out = W_ob z."""
+    T, G, R = o.shape[0], s.o_groups, s.o_lora_rank
+    z = torch.einsum("tgi,gri->tgr", o.reshape(T, G, -1).to(ACC), w.wo_a.to(ACC).view(G, R, -1)).float().to(dtype)
+    return linear(z.flatten(1), w.wo_b, quant["attn.wo_b"])
+
+
 class Attention:
     """§5 for one layer. ``__call__(x, positions, cache, layer)``: x is the attn-normed input [T, D];
     the layer's caches are read and extended."""
@@ -129,20 +155,10 @@ class Attention:
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache, layer: int) -> torch.Tensor:
         w, s = self.w, self.s
-        T, start = x.shape[0], int(positions[0])
+        start = int(positions[0])
         cs = cos_sin(self.rope, positions)
-        # §5 step 1: q_a -> q_norm -> q_b -> unweighted per-head RMSNorm -> RoPE on the trailing dims.
-        q_lat = rms_norm(linear(x, w.wq_a, self.quant["attn.wq_a"]), w.q_norm, s.eps)
-        q = linear(q_lat, w.wq_b, self.quant["attn.wq_b"]).view(T, s.n_heads, s.head_dim)
-        q = unweighted_rms_norm(q, s.eps)
-        probes.emit(f"layers.{layer}.attn.q", q)
-        q = apply_rope(q, cs)
-        # §5 step 2: one K=V head, kv_norm, RoPE, FP8 nope dims in the official profile.
-        kv = rms_norm(linear(x, w.wkv, self.quant["attn.wkv"]), w.kv_norm, s.eps)
-        probes.emit(f"layers.{layer}.attn.kv", kv)
-        kv = apply_rope(kv, cs)
-        if self.kv_fp8:
-            kv = kv_fake_quant(kv, s.rope_dim)
+        # §5 steps 1-2: q_a -> q_norm -> q_b -> per-head RMSNorm -> RoPE; one K=V head, kv_norm, RoPE, FP8.
+        q, q_lat, kv = project_qkv(w, s, self.quant, x, cs, self.kv_fp8, f"layers.{layer}.")
         keys, key0 = window_keys(cache, kv, start, s.window)
         update_ring(cache, kv, start, s.window)
         comp, comp_mask = self._compressed(x, q_lat, positions, cache, layer)
@@ -150,10 +166,6 @@ class Attention:
         # §5 step 6: rotate the output's rope dims back by −p·ω.
         o = apply_rope(o, cs, inverse=True)
         probes.emit(f"layers.{layer}.attn.core", o)
-        # §5 step 7: group g = heads (H/G)g..; z_g = W_oa[g] o_g; out = W_ob z.
-        G, R = s.o_groups, s.o_lora_rank
-        og = o.reshape(T, G, -1)
-        z = torch.einsum("tgi,gri->tgr", og.to(ACC), w.wo_a.to(ACC).view(G, R, -1)).float().to(x.dtype)
-        out = linear(z.flatten(1), w.wo_b, self.quant["attn.wo_b"])
+        out = grouped_output(o, w, s, self.quant, x.dtype)
         probes.emit(f"layers.{layer}.attn.out", out)
         return out

@@ -15,11 +15,10 @@ import torch
 
 from dsv4 import probes
 
-from .attention import AttentionWeights, kv_fake_quant
+from .attention import AttentionWeights, grouped_output, kv_fake_quant, project_qkv
 from .mhc import hc_head, hc_post, hc_pre
-from .model import ReferenceModel
-from .moe import MoE
-from .ops import ACC, linear, mm, rms_norm, unweighted_rms_norm
+from .model import ReferenceModel, build_moe
+from .ops import ACC, linear, mm, rms_norm
 from .rope import apply_rope, cos_sin, rope_spec
 
 
@@ -128,7 +127,7 @@ class DSparkReference:
         cs = cos_sin(self.rope, positions)
         for s in range(self.stages):
             sw = StageWeights(self.model, s, self.device)
-            kv = apply_rope(rms_norm(linear(mh, sw("attn.wkv"), self.model.profile.act_quant),
+            kv = apply_rope(rms_norm(linear(mh, sw("attn.wkv"), self.model._quant["attn.wkv"]),
                                      sw("attn.kv_norm", True), self.c.rms_norm_eps), cs)       # Eq 4
             if self.model.profile.kv_fp8:
                 kv = kv_fake_quant(kv, self.c.qk_rope_head_dim)
@@ -145,30 +144,18 @@ class DSparkReference:
         c_layer = c.num_hidden_layers + s
         w = AttentionWeights(sw("attn.wq_a"), sw("attn.q_norm", True), sw("attn.wq_b"), sw("attn.wkv"),
                              sw("attn.kv_norm", True), sw("attn.wo_a"), sw("attn.wo_b"), sw("attn.attn_sink"))
-        q_ = m._quant
-        T, H, d = x.shape[0], c.num_attention_heads, c.head_dim
         cs = cos_sin(self.rope, positions)
-        q_lat = rms_norm(linear(x, w.wq_a, q_["attn.wq_a"]), w.q_norm, c.rms_norm_eps)
-        q = unweighted_rms_norm(linear(q_lat, w.wq_b, q_["attn.wq_b"]).view(T, H, d), c.rms_norm_eps)
-        probes.emit(f"layers.{c_layer}.attn.q", q)
-        q = apply_rope(q, cs)
-        kv = rms_norm(linear(x, w.wkv, q_["attn.wkv"]), w.kv_norm, c.rms_norm_eps)
-        probes.emit(f"layers.{c_layer}.attn.kv", kv)
-        kv = apply_rope(kv, cs)
-        if m.profile.kv_fp8:
-            kv = kv_fake_quant(kv, c.qk_rope_head_dim)
+        q, _, kv = project_qkv(w, m._shape, m._quant, x, cs, m.profile.kv_fp8, f"layers.{c_layer}.")
         keys = torch.cat((ds.rings[s][:min(c.sliding_window, ds.pos)], kv))                    # Eq 12
         sink = w.attn_sink.float()
-        sc = (torch.einsum("thd,kd->thk", q.to(ACC), keys.to(ACC)) * d ** -0.5).float()
+        sc = (torch.einsum("thd,kd->thk", q.to(ACC), keys.to(ACC)) * c.head_dim ** -0.5).float()
         mx = torch.maximum(sc.amax(dim=-1), sink)
         e = torch.exp((sc - mx.unsqueeze(-1)).to(ACC))
         prob = (e / (e.sum(dim=-1) + torch.exp((sink - mx).to(ACC))).unsqueeze(-1)).float().to(q.dtype)
         o = torch.einsum("thk,kd->thd", prob.to(ACC), keys.to(ACC)).float().to(q.dtype)          # Eq 13
         o = apply_rope(o, cs, inverse=True)
         probes.emit(f"layers.{c_layer}.attn.core", o)
-        G, R = c.o_groups, c.o_lora_rank
-        z = torch.einsum("tgi,gri->tgr", o.reshape(T, G, -1).to(ACC), w.wo_a.to(ACC).view(G, R, -1)).float()
-        out = linear(z.to(x.dtype).flatten(1), w.wo_b, q_["attn.wo_b"])                        # Eq 14
+        out = grouped_output(o, w, m._shape, m._quant, x.dtype)                                 # Eq 14
         probes.emit(f"layers.{c_layer}.attn.out", out)
         return out
 
@@ -182,22 +169,11 @@ class DSparkReference:
         a = self._attention(s, sw, rms_norm(h, sw("attn_norm", True), c.rms_norm_eps), positions, ds)
         x = hc_post(a, x, post, comb)
         h, post, comb = hc_pre(x, sw("hc_ffn_fn"), sw("hc_ffn_scale"), sw("hc_ffn_base"), **hc)
-        f = self._moe(sw)(rms_norm(h, sw("ffn_norm", True), c.rms_norm_eps), ids, layer)
+        moe = build_moe(sw, c, self.model._quant, hashed=False)   # a stage is never a hash layer
+        f = moe(rms_norm(h, sw("ffn_norm", True), c.rms_norm_eps), ids, layer)
         x = hc_post(f, x, post, comb)
         probes.emit(f"layers.{layer}.out", x)
         return x
-
-    def _moe(self, sw: StageWeights) -> MoE:
-        """The stage's MoE: score-routed (a stage is never a hash layer), one shared expert."""
-        c, q = self.c, self.model._quant
-
-        def experts(e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            return sw(f"ffn.experts.{e}.w1"), sw(f"ffn.experts.{e}.w3"), sw(f"ffn.experts.{e}.w2")
-
-        shared = (sw("ffn.shared_experts.w1"), sw("ffn.shared_experts.w3"), sw("ffn.shared_experts.w2"))
-        return MoE(sw("ffn.gate"), sw("ffn.gate.bias"), None, experts, shared, k=c.num_experts_per_tok,
-                   scale=c.routed_scaling_factor, limit=c.swiglu_limit, quant_routed=q["ffn.experts.0.w1"],
-                   quant_shared=q["ffn.shared_experts.w1"])
 
     @torch.no_grad()
     def draft(self, ds: DSparkState, anchor: int, temperature: float = 0.0,

@@ -199,16 +199,19 @@ class ReferenceModel:
                          kv_fp8=self.profile.kv_fp8, quant=self._quant)
 
     def _moe(self, i: int, lw: LayerWeights) -> MoE:
-        c = self.config
-        hashed = c.is_hash_layer(i)
+        return build_moe(lw, self.config, self._quant, hashed=self.config.is_hash_layer(i))
 
-        def experts(e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            return lw(f"ffn.experts.{e}.w1"), lw(f"ffn.experts.{e}.w3"), lw(f"ffn.experts.{e}.w2")
 
-        shared = (lw("ffn.shared_experts.w1"), lw("ffn.shared_experts.w3"), lw("ffn.shared_experts.w2"))
-        return MoE(lw("ffn.gate"), None if hashed else lw("ffn.gate.bias"), lw("ffn.gate.tid2eid") if hashed else None,
-                   experts, shared, k=c.num_experts_per_tok, scale=c.routed_scaling_factor, limit=c.swiglu_limit,
-                   quant_routed=self._quant["ffn.experts.0.w1"], quant_shared=self._quant["ffn.shared_experts.w1"])
+def build_moe(lw: Any, c: DSV4Config, quant: Mapping[str, bool], *, hashed: bool) -> MoE:
+    """§9 for one block whose weights ``lw(name)`` serves (a trunk layer or a DSpark stage)."""
+
+    def experts(e: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return lw(f"ffn.experts.{e}.w1"), lw(f"ffn.experts.{e}.w3"), lw(f"ffn.experts.{e}.w2")
+
+    shared = (lw("ffn.shared_experts.w1"), lw("ffn.shared_experts.w3"), lw("ffn.shared_experts.w2"))
+    return MoE(lw("ffn.gate"), None if hashed else lw("ffn.gate.bias"), lw("ffn.gate.tid2eid") if hashed else None,
+               experts, shared, k=c.num_experts_per_tok, scale=c.routed_scaling_factor, limit=c.swiglu_limit,
+               quant_routed=quant["ffn.experts.0.w1"], quant_shared=quant["ffn.shared_experts.w1"])
 
 
 def _resolve(path_or_preset: str | Path) -> Path:
