@@ -116,7 +116,8 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
         from .rules import load_rules
         from .runner import DefaultLoaders
         from .source import resolve_checkpoint
-        from .threeway import ColumnResult, RunSpec, run_context, run_reference, set_mode_of, settings_from_rules
+        from .threeway import (ColumnResult, RunSpec, logic_anchor_label, run_context, run_reference, set_mode_of,
+                               settings_from_rules)
         from .verdict import evaluate
 
         t0 = time.perf_counter()
@@ -139,7 +140,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
         ctx = run_context(spec, plan=str(dumps[0].manifest.get("plan") or f"engine:{engines[0]}"),
                        profile=args.profile, backend=engines[0])
         records, stats = [], []
-        anchor_label = "reference:bf16/float32" if args.pair == "logic" else f"reference:{args.profile}"
+        anchor_label = logic_anchor_label() if args.pair == "logic" else f"reference:{args.profile}"
         column = ColumnResult(args.pair, anchor_label, f"engine:{engines[0]}", True)
         for d, p, anchor in zip(dumps, prompts, anchors):
             check_shapes(d, anchor.probes)

@@ -1,7 +1,6 @@
 """Rich rendering for the CLIs (libraries never print; the CLIs call these with a Console)."""
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping, Sequence
 
 import pandas as pd
@@ -15,15 +14,13 @@ from dsv4.tokenizer import DSV4Tokenizer
 
 from .inputs import EncodedPrompt
 from .logits_stats import KL_DIRECTION, top_tokens
+from .numbers import sig
 from .rules import RuleSet
 from .summary import layer_cosines, selection_summary, stat_block
 from .threeway import COLUMNS, ColumnResult
-from .numbers import sig
 from .verdict import Verdict
 
 PROMPT_CHARS = 360
-
-
 
 
 def _gpt2_char_to_byte() -> dict[str, int]:

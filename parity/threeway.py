@@ -298,6 +298,11 @@ def _now() -> float:
     return time.perf_counter()
 
 
+def logic_anchor_label() -> str:
+    """The logic column's anchor: the reference's bf16 profile computed in FP32."""
+    return f"reference:{LOGIC_PROFILE}/{dtype_name(LOGIC_REF_DTYPE)}"
+
+
 def run_reference(spec: RunSpec, profile: str, loaders: ModelLoaders | None = None,
                   progress: Progress | None = None, pair: str = "floor") -> tuple[list[SideOutput], list[ForwardTime]]:
     """The reference's outputs for ``spec.prompts`` (through the reference cache when configured), as
@@ -334,7 +339,7 @@ def run_threeway(spec: RunSpec, loaders: ModelLoaders | None = None,
             return ColumnResult(name, anchor, test, False, f"error: {type(e).__name__}: {e}", error=e), []
 
     if "logic" in spec.columns:
-        anchor = f"reference:{LOGIC_PROFILE}/{dtype_name(LOGIC_REF_DTYPE)}"
+        anchor = logic_anchor_label()
         columns["logic"], _ = isolated("logic", anchor, f"native:{LOGIC_PLAN}/{EMULATED}", lambda: r.column(
             "logic", r.reference(LOGIC_PROFILE, LOGIC_REF_DTYPE), plan=PrecisionPlan.preset(LOGIC_PLAN),
             backend=EMULATED, anchor_label=anchor, profile=LOGIC_PROFILE))

@@ -79,14 +79,10 @@ def estimate(store: EvalStore, study: str, n_classes: int) -> str:
 
 def run_missing_studies(args: argparse.Namespace, store: EvalStore, console) -> list[str]:
     """Run each study the store lacks through its own CLI; returns the studies that could not run."""
-    import importlib
-
     from ..constants import FLIP_CLASSES
     from ..errors import FloorInputError
-    from .studies import STUDIES
+    from .studies import STUDIES, study_main
 
-    modules = {"flips": "precision_floor.flips", "search": "precision_floor.search", "bugzoo": "parity.bugzoo.__main__",
-               "attribution": "precision_floor.attribution"}
     wanted = ["flips", "search"] + ([] if args.zoo_summary or args.zoo_records else ["bugzoo"])
     wanted += ["attribution"] if args.with_attribution else []
     failed = []
@@ -100,7 +96,7 @@ def run_missing_studies(args: argparse.Namespace, store: EvalStore, console) -> 
             continue
         console.print(f"{study}: not in the store, running {STUDIES[study][1].replace('DIR', str(store.root))} "
                       f"({estimate(store, study, len(FLIP_CLASSES))})")
-        rc = importlib.import_module(modules[study]).main(study_argv(args, study, store))
+        rc = study_main(study)(study_argv(args, study, store))
         if rc == 2:
             raise FloorInputError(f"{study}: its command rejected the input (above); no report written")
         if not path.exists():

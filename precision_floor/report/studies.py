@@ -19,9 +19,18 @@ SECTION_STUDY = {"flips": "flips", "floor": "search", "layers": "search", "topk"
                  "selection": "search", "bugzoo": "bugzoo", "attribution": "attribution"}
 
 
+def study_main(study: str):
+    """The ``main`` of the study's command (``python -m M ...``: M's main, or M.__main__'s for a package)."""
+    import importlib
+
+    name = STUDIES[study][1].split()[2]
+    mod = importlib.import_module(name)
+    return getattr(mod, "main", None) or importlib.import_module(name + ".__main__").main
+
+
 def regenerate_command(section: str) -> str | None:
     study = SECTION_STUDY.get(section)
     return STUDIES[study][1] if study else None
 
 
-__all__ = ["SECTION_STUDY", "STUDIES", "ZOO_RECORDS", "ZOO_SUMMARY", "regenerate_command"]
+__all__ = ["SECTION_STUDY", "STUDIES", "ZOO_RECORDS", "ZOO_SUMMARY", "regenerate_command", "study_main"]
