@@ -9,7 +9,7 @@ import torch
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--checkpoint", default=None,
-                     help="run the parity suite on this checkpoint directory or preset (default: built-in tiny)")
+                     help="run the parity suite on this checkpoint directory or preset (default: tiny-trained)")
 
 
 def _cuda_capability() -> tuple[int, int] | None:
@@ -40,4 +40,6 @@ def device() -> str:
 
 @pytest.fixture(scope="session")
 def checkpoint_arg(request: pytest.FixtureRequest) -> str:
-    return request.config.getoption("--checkpoint") or "tiny"
+    from dsv4.checkpoint.builtin import DEFAULT_CHECKPOINT
+
+    return request.config.getoption("--checkpoint") or DEFAULT_CHECKPOINT

@@ -593,11 +593,19 @@ PRESETS = {
     "tiny": _tiny,
     # A deeper tiny model: more layers for localization and streaming studies.
     "tiny-deep": lambda: _tiny("tiny-deep", num_hidden_layers=8, compress_ratios=(0, 4, 16, 4, 16, 4, 16, 4)),
+    # The trained tiny model shipped in dsv4/data/models (dsv4.checkpoint.builtin): its config.
+    "tiny-trained": lambda: _trained_config("tiny-trained"),
     # The July/August releases with their DSpark draft (config-only, like flash and pro).
     "flash-0731": lambda: with_dspark(_flash()),
     "pro-0813": lambda: with_dspark(_pro()),
 }
 REAL_PRESETS = ("flash", "pro", "flash-0731", "pro-0813")
+
+
+def _trained_config(name: str) -> DSV4Config:
+    from .checkpoint.builtin import trained_path
+
+    return DSV4Config.from_json(trained_path(name) / "config.json")
 
 
 # The 0731/0813 DSpark keys of the real releases (dspark.md §2.1); other sizes get the same shape:

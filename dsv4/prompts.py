@@ -38,6 +38,11 @@ def holdout_prompt_path() -> Path:
     return default_prompt_path().with_name("prompts_holdout.toml")
 
 
+def calibration_prompt_path() -> Path:
+    """The trained built-in model's calibration set: no prompt shared with the standard or hold-out set."""
+    return default_prompt_path().with_name("prompts_calibration.toml")
+
+
 def load_prompt_set(path: str | Path | None = None) -> list[Prompt]:
     """Read and validate a prompt set; every prompt must render with the encoder."""
     path = Path(path) if path is not None else default_prompt_path()

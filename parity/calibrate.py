@@ -392,7 +392,7 @@ class CalibrationSource:
 
 def calibration_source(args: argparse.Namespace, console: Console) -> CalibrationSource:
     """Validate the source flags (before anything runs) and describe the source."""
-    from dsv4.prompts import holdout_prompt_path
+    from dsv4.prompts import calibration_prompt_path, holdout_prompt_path
     from .errors import ParityInputError
     from .rules import default_rules_path
     from .source import resolve_checkpoint
@@ -412,17 +412,28 @@ def calibration_source(args: argparse.Namespace, console: Console) -> Calibratio
     if args.seeds is not None or args.preset != "tiny":
         raise ParityInputError("--checkpoint: calibrates one checkpoint directory; --preset/--seeds select "
                                f"synthetic ones instead (found --preset {args.preset!r}, --seeds {args.seeds!r})")
+    from dsv4.checkpoint.builtin import trained_name
+
+    trained = trained_name(args.checkpoint)
+    if trained is not None:   # a built-in trained model: its own shipped file, beside default.toml
+        args.out = args.out or str(default_rules_path().parent / f"{trained}.toml")
     if args.out is None or Path(args.out).resolve() == default_rules_path().resolve():
         raise ParityInputError(f"--checkpoint: expected --out FILE for this checkpoint's thresholds, found "
-                               f"{args.out or 'none'} ({default_rules_path()} holds the tiny model's and is not "
-                               "replaced from a real checkpoint)")
+                               f"{args.out or 'none'} ({default_rules_path()} holds the synthetic tiny models' and "
+                               "is not replaced from another checkpoint)")
     src = resolve_checkpoint(args.checkpoint)       # bad directory / checkpoint: one clear error, now
-    prompt_set = args.prompt_set or str(holdout_prompt_path())
-    header = (f"the checkpoint {src.path} (fingerprint {src.fingerprint[:12]}), every prompt of\n#     {prompt_set} "
-              "(held out from the standard set that parity.first_token judges)")
+    # A trained built-in has its own calibration set, held out from both the standard set (first_token)
+    # and the hold-out set (the bug zoo); a user's checkpoint is calibrated on the hold-out set.
+    default_set = calibration_prompt_path() if trained else holdout_prompt_path()
+    prompt_set = args.prompt_set or str(default_set)
+    where = src.spec if trained else src.path   # a built-in by name: the file reads the same on every machine
+    shown = Path(prompt_set).name if Path(prompt_set).parent == default_set.parent else prompt_set
+    held = "the standard set that parity.first_token judges" + (" and the bug zoo's hold-out set" if trained else "")
+    header = (f"the checkpoint {where} (fingerprint {src.fingerprint[:12]}), every prompt of\n#     {shown} "
+              f"(held out from {held})")
     # The kernel under test is not its own yardstick: its bug-budget rules stay the H200-derived defaults.
     return CalibrationSource(((str(src.path), 0),), prompt_set, "prompt_id", header,
-                             {"checkpoint": str(src.path), "fingerprint": src.fingerprint, "prompt_set": prompt_set},
+                             {"checkpoint": str(where), "fingerprint": src.fingerprint, "prompt_set": shown},
                              bug_budget=False)
 
 

@@ -51,9 +51,9 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
         from .rules import load_rules
         from .verdict import evaluate
 
-        rules = load_rules(args.rules)
         df = read_records(args.records)
         check_consistent(df)
+        rules = load_rules(args.rules, str(df["config_name"].iloc[0]))   # the records' model's own rules
         verdict = evaluate(df, rules)
         t = Table(title=f"{len(df)} records, {df['run_id'].nunique()} run(s), checkpoint "
                         f"{df['checkpoint_fingerprint'].iloc[0][:12]}", title_justify="left")

@@ -4,6 +4,7 @@ Light at import (no torch, pandas or numpy): every ``python -m ... --help`` answ
 heavy imports live inside the functions that need them."""
 from __future__ import annotations
 
+from dsv4.checkpoint.builtin import add_checkpoint_argument
 import gc
 import json
 from pathlib import Path
@@ -236,7 +237,7 @@ def add_run_arguments(p: Any, *, backend_help: str, profile_help: str, topk_defa
     p.add_argument("--reasoning-effort", choices=("high", "max"), default=None,
                    help="thinking prompts only: the encoder's reasoning-effort setting (April encoding: 'max' "
                         "prepends its paragraph); prompt ids get an '@effort' suffix")
-    p.add_argument("--checkpoint", default="tiny", help="checkpoint directory or preset (default: tiny)")
+    add_checkpoint_argument(p)
     p.add_argument("--seed", type=int, default=0, help="synthetic seed when --checkpoint is a tiny preset")
     p.add_argument("--prompt", action="append", help="prompt id of the set, or free text (repeatable); "
                                                      "default: every prompt of the set in --mode")

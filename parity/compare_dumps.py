@@ -11,6 +11,7 @@ input (missing probes, mismatched shapes or token ids, prompts the tokenizer can
 """
 from __future__ import annotations
 
+from dsv4.checkpoint.builtin import add_checkpoint_argument
 import argparse
 import sys
 import time
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
          console: Console | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m parity.compare_dumps", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dumps", required=True, help="a dump directory, or a directory of dump directories")
-    ap.add_argument("--checkpoint", default="tiny")
+    add_checkpoint_argument(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", choices=("bf16", "official"), default="bf16")
     ap.add_argument("--pair", choices=("floor", "logic"), default="floor", help="which column's rules judge the dumps")
@@ -121,7 +122,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
         from .verdict import evaluate
 
         t0 = time.perf_counter()
-        rules = load_rules(args.rules)
+        rules = load_rules(args.rules, args.checkpoint)
         device = parse_device(args.device)
         src = resolve_checkpoint(args.checkpoint, args.seed)
         set_threads(None, device, src.config)

@@ -19,6 +19,7 @@ writes the native model's own probes in this format (what another engine would w
 """
 from __future__ import annotations
 
+from dsv4.checkpoint.builtin import add_checkpoint_argument
 import argparse
 import json
 import os
@@ -193,7 +194,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
     ap = argparse.ArgumentParser(prog="python -m parity.dumps", description="Write engine dumps (see module doc).")
     ap.add_argument("--from-native", action="store_true", required=True,
                     help="dump the native model's own probes (the example converter)")
-    ap.add_argument("--checkpoint", default="tiny")
+    add_checkpoint_argument(ap)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plan", default="default")
     ap.add_argument("--backend", default="emulated")

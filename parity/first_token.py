@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: Any = None, console: Any
         device = parse_device(args.device, must_exist=not args.dry_run)
         if args.dry_run:
             return _dry_run(console, args, plan, device)
-        rules = load_rules(args.rules)
+        rules = load_rules(args.rules, args.checkpoint)
         columns = [c.strip() for c in args.columns.split(",") if c.strip()]
         src, prompts = load_run_source(args, device)
         spec = RunSpec(source=src, prompts=prompts, plan=plan, backend=args.backend, profile=args.profile,

@@ -153,8 +153,9 @@ def parse_rules(text: str, source: str = "<text>") -> RuleSet:
                    dict(data.get("calibration") or {}), source)
 
 
-def load_rules(path: str | Path | None = None) -> RuleSet:
-    p = Path(path) if path is not None else default_rules_path()
+def load_rules(path: str | Path | None = None, checkpoint: str | Path | None = None) -> RuleSet:
+    """A thresholds file; without ``path`` the shipped one of ``checkpoint`` (default_rules_path)."""
+    p = Path(path) if path is not None else default_rules_path(checkpoint)
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:

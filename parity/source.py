@@ -1,7 +1,7 @@
 """Resolve ``--checkpoint DIR|PRESET`` once: path, config, fingerprint, tokenizer, router biases.
 
 A tiny preset resolves to the cached synthetic checkpoint ``resolve_preset(name, "nvidia-nvfp4",
-seed)``; real presets (flash, pro) have no weights and need a directory. Everything here reads only
+seed)``, a trained built-in (tiny-trained) to its shipped NVFP4 directory; real presets (flash, pro) have no weights and need a directory. Everything here reads only
 headers and small tensors, so it is cheap enough to run before any model is loaded.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from dsv4.checkpoint import CheckpointError, CheckpointReader, open_checkpoint
+from dsv4.checkpoint.builtin import TRAINED
 from dsv4.checkpoint.synth import resolve_preset
 from dsv4.checkpoint.verify import verify_before_compute
 from dsv4.config import PRESETS, REAL_PRESETS, DSV4Config
@@ -51,7 +52,11 @@ def resolve_checkpoint(spec: str | Path, seed: int = 0) -> CheckpointSource:
         if s in REAL_PRESETS:
             raise ParityInputError(f"checkpoint {s!r}: a real preset has no weights here; pass its checkpoint "
                                    f"directory (tiny presets: {sorted(set(PRESETS) - set(REAL_PRESETS))})")
-        path, used_seed = resolve_preset(s, SYNTH_FLAVOR, seed), seed
+        try:
+            path = resolve_preset(s, SYNTH_FLAVOR, seed)
+        except CheckpointError as e:   # a trained built-in with a seed, or not installed
+            raise ParityInputError(str(e)) from None
+        used_seed = None if s in TRAINED else seed   # a trained model has no synthetic seed
     else:
         path = Path(s)
         if not path.exists():

@@ -265,7 +265,7 @@ def run_attribution(clean: Evaluator, faults: Sequence[Fault], *, budget: Budget
     bad = [d for d in directions if d not in DIRECTIONS]
     if bad:
         raise FloorInputError(f"directions: expected a subset of {list(DIRECTIONS)}, found {bad}")
-    rules = rules or load_rules()
+    rules = rules or load_rules(None, clean.source.spec)
     clean_flags, _ = logic_check(clean, rules)
     run_flips(clean, classes, directions)      # the clean tables every excess is measured against
     clean_search = floor_search(clean, budget, classes, strategy) if budget else None

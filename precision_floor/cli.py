@@ -2,6 +2,7 @@
 prompts, store, evaluator) and the error boundary (bad input -> exit 2, via parity.cli.run_cli)."""
 from __future__ import annotations
 
+from dsv4.checkpoint.builtin import add_checkpoint_argument
 import argparse
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ def default_records_dir(source: CheckpointSource) -> Path:
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", default="tiny", help="checkpoint directory or tiny preset (default: tiny)")
+    add_checkpoint_argument(p)
     p.add_argument("--seed", type=int, default=0, help="synthetic seed of a tiny preset")
     p.add_argument("--records", default=None,
                    help="evaluation store directory (default: per checkpoint under the project cache)")

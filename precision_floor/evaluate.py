@@ -69,12 +69,15 @@ _LAYER_OUT = re.compile(r"layers\.\d+\.out")
 
 @functools.lru_cache(maxsize=1)
 def _rules() -> tuple[tuple[re.Pattern[str], str, str | None, str | None], ...]:
-    return tuple((re.compile(r.probe), r.metric, r.pair, r.compare_mode) for r in load_rules().rules)
+    from parity.rules import default_rules_path
+
+    shipped = sorted(default_rules_path().parent.glob("*.toml"))   # every built-in model's thresholds
+    return tuple((re.compile(r.probe), r.metric, r.pair, r.compare_mode) for f in shipped for r in load_rules(f).rules)
 
 
 @functools.lru_cache(maxsize=65536)
 def judged(probe: str, metric: str, pair: str, mode: str) -> bool:
-    """Does some default rule judge this (probe, metric, pair, mode)? (profile and prompt filters are
+    """Does some shipped rule judge this (probe, metric, pair, mode)? (profile and prompt filters are
     ignored: keeping a record a rule might skip costs bytes, dropping one it judges costs a verdict)."""
     return any(m == metric and p in (None, pair) and c in (None, mode) and rx.fullmatch(probe)
                for rx, m, p, c in _rules())

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from typing import TYPE_CHECKING
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
     from ..config import DSV4Config
+    Values = Callable[["WeightSpec"], np.ndarray]   # a weight's logical fp32 values (int64: hash table)
 
 
 from .errors import CheckpointError
@@ -37,9 +38,16 @@ from .names import INDEX, LINEAR, NORM, PARAM, TABLE, WeightSpec, all_weights
 
 log = logging.getLogger(__name__)
 
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
 SYNTH_VERSION = 3
 DEFAULT_SHARD_BYTES = 64 * 1024 * 1024
 _E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_MIDPOINTS = tuple((a + b) / 2 for a, b in zip(_E2M1_VALUES, _E2M1_VALUES[1:]))
 
 
 # ---- deterministic values ---------------------------------------------------------------------------
@@ -66,12 +74,13 @@ def _linear_values(spec: WeightSpec, seed: int) -> np.ndarray:
     w = g.standard_normal((n, k)) * (gain / np.sqrt(k))
     # Non-uniform block magnitudes: FP8 128x128 and FP4 16/32-wide scales all differ.
     bm = 2.0 ** g.uniform(-0.7, 0.7, size=(-(-n // 128), -(-k // 128)))
-    w *= np.kron(bm, np.ones((128, 128)))[:n, :k]
+    w *= _blocks_of(bm, 128, 128, (n, k))
     w *= 2.0 ** g.uniform(-0.4, 0.4, size=(n, 1))
     return w.astype(np.float32)
 
 
-def _values(spec: WeightSpec, c: DSV4Config, seed: int) -> np.ndarray:
+def synthetic_values(spec: WeightSpec, c: DSV4Config, seed: int) -> np.ndarray:
+    """The deterministic synthetic values of one weight (fp32; int64 for the hash table)."""
     import numpy as np
 
     g = _rng(seed, spec.full_name)
@@ -110,15 +119,19 @@ def _values(spec: WeightSpec, c: DSV4Config, seed: int) -> np.ndarray:
 
 # ---- encoders (self-contained; see module docstring) ---------------------------------------------
 def _e2m1_codes(v: np.ndarray) -> np.ndarray:
-    """Round to the E2M1 grid, nearest with ties to the even code; saturate at 6."""
+    """Round to the E2M1 grid, nearest with ties to the even code; saturate at 6 (NaN -> 0).
+
+    Thresholds instead of distances to all 8 values: the midpoints are exact in any float dtype, so
+    ``a <= mid`` decides like the distance comparison and a tie (``a == mid``) goes to the even code."""
     import numpy as np
 
-    a = np.minimum(np.abs(v.astype(np.float64)), 6.0)
-    d = np.abs(a[..., None] - np.asarray(_E2M1_VALUES, dtype=np.float64))
-    best = d.min(axis=-1, keepdims=True)
-    idx = np.arange(8)
-    mag = np.argmin(np.where(d == best, idx % 2, 2), axis=-1)   # among ties, the first even code
-    return (mag | np.where((v < 0) & (mag > 0), 8, 0)).astype(np.uint8)
+    a = np.minimum(np.abs(v), 6.0)
+    mid = np.asarray(_E2M1_MIDPOINTS, dtype=a.dtype)
+    mag = np.searchsorted(mid, a, side="left")
+    odd_tie = (mag % 2 == 1) & (a == mid[np.minimum(mag, len(mid) - 1)])
+    mag = (mag + odd_tie).astype(np.uint8)
+    mag[np.isnan(a)] = 0
+    return mag | np.where((v < 0) & (mag > 0), 8, 0).astype(np.uint8)
 
 
 def _pack(codes: np.ndarray) -> np.ndarray:
@@ -140,17 +153,27 @@ def _pow2_exponent(amax: np.ndarray, qmax: float) -> np.ndarray:
     return np.ceil(np.log2(np.maximum(amax, 1e-30) / qmax)).astype(np.int64)
 
 
+def _blocks_of(e: np.ndarray, rows: int, cols: int, shape: tuple[int, int]) -> np.ndarray:
+    """A per-block grid blown up to element resolution, cropped to ``shape``."""
+    import numpy as np
+
+    return np.repeat(np.repeat(e, rows, axis=0), cols, axis=1)[: shape[0], : shape[1]]
+
+
+# The encoders work in the values' own dtype (fp32 for every writer here): block maxima and
+# divisions by powers of two are exact, so the bytes equal a float64 computation's; only the
+# exponent's log2 is taken in float64.
 def encode_fp8_block(w: np.ndarray) -> dict[str, torch.Tensor]:
     import numpy as np
     import torch
 
     n, k = w.shape
     nb, kb = -(-n // 128), -(-k // 128)
-    pad = np.zeros((nb * 128, kb * 128), np.float64)
+    pad = np.zeros((nb * 128, kb * 128), w.dtype)
     pad[:n, :k] = w
-    amax = np.abs(pad.reshape(nb, 128, kb, 128)).max(axis=(1, 3))
+    amax = np.abs(pad.reshape(nb, 128, kb, 128)).max(axis=(1, 3)).astype(np.float64)
     e = _pow2_exponent(amax, 448.0)
-    q = w / np.kron(2.0 ** e, np.ones((128, 128)))[:n, :k]
+    q = w / _blocks_of((2.0 ** e).astype(w.dtype), 128, 128, (n, k))
     return {"weight": _e4m3(q), "scale": torch.from_numpy((e + 127).astype(np.uint8)).view(torch.float8_e8m0fnu)}
 
 
@@ -159,9 +182,9 @@ def encode_mxfp4(w: np.ndarray) -> dict[str, torch.Tensor]:
     import torch
 
     n, k = w.shape
-    blocks = w.reshape(n, k // 32, 32).astype(np.float64)
-    e = _pow2_exponent(np.abs(blocks).max(axis=2), 6.0)
-    codes = _e2m1_codes(blocks / (2.0 ** e)[..., None]).reshape(n, k)
+    blocks = w.reshape(n, k // 32, 32)
+    e = _pow2_exponent(np.abs(blocks).max(axis=2).astype(np.float64), 6.0)
+    codes = _e2m1_codes(blocks / (2.0 ** e).astype(w.dtype)[..., None]).reshape(n, k)
     return {"weight": torch.from_numpy(_pack(codes).view(np.int8)),
             "scale": torch.from_numpy((e + 127).astype(np.uint8)).view(torch.float8_e8m0fnu)}
 
@@ -253,10 +276,9 @@ def _store_roles(spec: WeightSpec, roles: dict[str, torch.Tensor], flavor: str) 
     return {names[r]: t for r, t in roles.items()}
 
 
-def _stored(spec: WeightSpec, c: DSV4Config, flavor: str, quant: str, seed: int) -> dict[str, torch.Tensor]:
+def _stored(spec: WeightSpec, c: DSV4Config, flavor: str, quant: str, v: np.ndarray) -> dict[str, torch.Tensor]:
     import torch
 
-    v = _values(spec, c, seed)
     if spec.kind == LINEAR:
         fmt = linear_format(spec, c, flavor, quant)
         if fmt == "fp8":
@@ -274,25 +296,36 @@ def _stored(spec: WeightSpec, c: DSV4Config, flavor: str, quant: str, seed: int)
     return _store_roles(spec, roles, flavor)
 
 
-def _share_w13_global(tensors: dict[str, torch.Tensor], c: DSV4Config, spec_of: dict[str, WeightSpec],
-                      seed: int, flavor: str, quant: str) -> None:
-    """NVFP4 w1/w3 of one expert share weight_scale_2 (vLLM expects it; spec §2.4): requantize both
-    with the larger global scale."""
+def _units(specs: list[WeightSpec], c: DSV4Config, flavor: str, quant: str) -> list[tuple[WeightSpec, ...]]:
+    """Weights encoded together: an expert's NVFP4 w1 and w3 share weight_scale_2 (vLLM expects it;
+    spec §2.4), so they are one unit encoded with the larger global scale; every other weight alone."""
+    by_name = {s.full_name: s for s in specs}
+    paired = {s.full_name[:-1] + "3" for s in specs
+              if s.is_expert and s.name.endswith(".w1") and linear_format(s, c, flavor, quant) == "nvfp4"}
+    units: list[tuple[WeightSpec, ...]] = []
+    for s in specs:
+        if s.full_name in paired:
+            continue
+        w3 = s.full_name[:-1] + "3"
+        units.append((s, by_name[w3]) if w3 in paired and s.name.endswith(".w1") else (s,))
+    return units
+
+
+def _encode_unit(unit: tuple[WeightSpec, ...], c: DSV4Config, flavor: str, quant: str,
+                 values: Values) -> dict[str, torch.Tensor]:
     import numpy as np
 
-    for s in list(spec_of.values()):
-        if not (s.is_expert and s.name.endswith(".w1")):
-            continue
-        s3 = spec_of[s.full_name[:-1] + "3"]
-        if linear_format(s, c, flavor, quant) != "nvfp4":
-            continue
-        v1, v3 = _values(s, c, seed), _values(s3, c, seed)
-        gs = _nvfp4_global(v1, flavor, max(float(np.abs(v1).max()), float(np.abs(v3).max())))
-        for sp, v in ((s, v1), (s3, v3)):
-            tensors.update(_store_roles(sp, encode_nvfp4(v, gs), flavor))
+    if len(unit) == 1:
+        return _stored(unit[0], c, flavor, quant, values(unit[0]))
+    v1, v3 = values(unit[0]), values(unit[1])
+    gs = _nvfp4_global(v1, flavor, max(float(np.abs(v1).max()), float(np.abs(v3).max())))
+    out: dict[str, torch.Tensor] = {}
+    for sp, v in zip(unit, (v1, v3)):
+        out.update(_store_roles(sp, encode_nvfp4(v, gs), flavor))
+    return out
 
 
-def build_tensors(c: DSV4Config, flavor: str, quant: str = "bf16", seed: int = 0) -> dict[str, torch.Tensor]:
+def _check_request(c: DSV4Config, flavor: str, quant: str) -> list[WeightSpec]:
     if flavor not in FLAVORS:
         raise CheckpointError(f"synth flavor: expected one of {FLAVORS}, found {flavor!r}")
     if quant not in ("bf16", "fp8", "nvfp4"):
@@ -306,11 +339,35 @@ def build_tensors(c: DSV4Config, flavor: str, quant: str = "bf16", seed: int = 0
                               f"draft, found a {kind} config (dspark_block_size={c.dspark_block_size})")
     # transformers and compressed-tensors exports drop the draft; the official layouts carry it
     with_mtp = layout.naming == "official" and (c.dspark_stages > 0 or c.num_nextn_predict_layers > 0)
-    specs = list(all_weights(c, mtp=with_mtp))
-    tensors: dict[str, torch.Tensor] = {}
-    for s in specs:
-        tensors.update(_stored(s, c, flavor, quant, seed))
-    _share_w13_global(tensors, c, {s.full_name: s for s in specs}, seed, flavor, quant)
+    return list(all_weights(c, mtp=with_mtp))
+
+
+def iter_tensors(c: DSV4Config, flavor: str, quant: str = "bf16", seed: int = 0, values: Values | None = None,
+                 workers: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """The stored tensors of ``c`` in layout ``flavor``, weight by weight, encoded by a thread pool
+    (numpy and torch release the GIL in their kernels) a few weights ahead of the consumer, so a
+    real-width checkpoint streams to disk without being held in memory. ``values`` as build_tensors."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    units = _units(_check_request(c, flavor, quant), c, flavor, quant)
+    values = values or (lambda spec: synthetic_values(spec, c, seed))
+    workers = workers or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(workers) as pool:
+        pending = []
+        for unit in units:
+            pending.append(pool.submit(_encode_unit, unit, c, flavor, quant, values))
+            if len(pending) > 2 * workers:
+                yield from pending.pop(0).result().items()
+        for f in pending:
+            yield from f.result().items()
+
+
+def build_tensors(c: DSV4Config, flavor: str, quant: str = "bf16", seed: int = 0,
+                  values: Values | None = None) -> dict[str, torch.Tensor]:
+    """Every stored tensor of ``c`` in layout ``flavor``. ``values(spec)`` gives each weight's logical
+    fp32 values (int64 for the hash table); by default the deterministic synthetic ones of ``seed``.
+    A trained model or a converted checkpoint passes its own (the one encoder for every writer)."""
+    tensors = dict(iter_tensors(c, flavor, quant, seed, values))
     if flavor == "hf" and quant == "bf16":
         _fuse_hf_experts(tensors, c)
     return tensors
@@ -332,8 +389,13 @@ def _fuse_hf_experts(tensors: dict[str, torch.Tensor], c: DSV4Config) -> None:
         tensors[p + "down_proj"] = torch.stack(dn)
 
 
-def write_checkpoint(out: Path, c: DSV4Config, tensors: dict[str, torch.Tensor], flavor: str,
-                     shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+def write_checkpoint(out: Path, c: DSV4Config, tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                     flavor: str, shard_bytes: int = DEFAULT_SHARD_BYTES, tokenizer: Any = None) -> None:
+    """Config, quantization files, shards (+ index when several) and the tokenizer.
+
+    ``tensors``: a mapping (written in name order) or an iterable of (name, tensor) pairs written as
+    they come, one shard at a time (iter_tensors). ``tokenizer``: a DSV4Tokenizer or
+    tokenizers.Tokenizer; by default the filled tiny one of the config's vocabulary."""
     from safetensors.torch import save_file
     from .quant_configs import layout_quant_files
 
@@ -345,35 +407,47 @@ def write_checkpoint(out: Path, c: DSV4Config, tensors: dict[str, torch.Tensor],
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     for fname, content in extra_files.items():
         (out / fname).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = t
-        size += nbytes
+    items = sorted(tensors.items()) if isinstance(tensors, Mapping) else tensors
     meta = {"format": "pt"}   # one key only: safetensors writes metadata maps in random order
-    if len(shards) == 1:
-        save_file(shards[0], str(out / "model.safetensors"), metadata=meta)
+    mode = 0o666 & ~_umask()   # safetensors creates its files 0600; outputs take the user's umask
+    written: list[tuple[Path, list[str]]] = []
+    shard: dict[str, torch.Tensor] = {}
+    size = total = 0
+
+    def flush() -> None:
+        part = out / f".model-{len(written) + 1:05d}.partial"
+        save_file(shard, str(part), metadata=meta)
+        os.chmod(part, mode)
+        written.append((part, sorted(shard)))
+        shard.clear()
+
+    for name, t in items:   # streamed: at most one shard is held in memory
+        t = t.contiguous()
+        nbytes = t.numel() * t.element_size()
+        if shard and size + nbytes > shard_bytes:
+            flush()
+            size = 0
+        shard[name] = t
+        size += nbytes
+        total += nbytes
+    flush()
+    if len(written) == 1:
+        written[0][0].replace(out / "model.safetensors")
     else:
         wm = {}
-        for i, sh in enumerate(shards):
-            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(sh, str(out / fname), metadata=meta)
-            wm.update({n: fname for n in sh})
-        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        for i, (part, names) in enumerate(written):
+            fname = f"model-{i + 1:05d}-of-{len(written):05d}.safetensors"
+            part.replace(out / fname)
+            wm.update({n: fname for n in names})
         (out / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(wm.items()))}, indent=2) + "\n")
-    _write_tokenizer(out, c)
+    _write_tokenizer(out, c, tokenizer)
 
 
-def _write_tokenizer(out: Path, c: DSV4Config) -> None:
+def _write_tokenizer(out: Path, c: DSV4Config, tokenizer: Any = None) -> None:
     from ..tokenizer import build_tiny_tokenizer, write_tokenizer
 
-    write_tokenizer(build_tiny_tokenizer(vocab_size=c.vocab_size, fill=True), out)
+    write_tokenizer(tokenizer or build_tiny_tokenizer(vocab_size=c.vocab_size, fill=True), out)
 
 
 def synth(preset: str = "tiny", flavor: str = "nvidia-nvfp4", out: str | Path = "tiny-ckpt", *, seed: int = 0,
@@ -381,6 +455,11 @@ def synth(preset: str = "tiny", flavor: str = "nvidia-nvfp4", out: str | Path = 
     """Write a synthetic checkpoint and return its directory."""
     from ..config import REAL_PRESETS, preset as config_preset, with_dspark
 
+    from .builtin import TRAINED
+
+    if preset in TRAINED and config is None:
+        raise CheckpointError(f"synth preset {preset!r}: a trained built-in is shipped, not synthesized; write it in "
+                              f"another layout with `python -m dsv4.checkpoint.convert`")
     c = config or config_preset(preset)
     if c.name in REAL_PRESETS and config is None:
         raise CheckpointError(f"synth preset {preset!r}: expected a tiny preset (real sizes {REAL_PRESETS} are "
@@ -388,7 +467,9 @@ def synth(preset: str = "tiny", flavor: str = "nvidia-nvfp4", out: str | Path = 
     if flavor == "official-dspark" and not c.dspark_block_size:
         c = with_dspark(c)   # the 0731/0813 form of the preset: its DSpark keys and stages
     out = Path(out)
-    write_checkpoint(out, c, build_tensors(c, flavor, quant, seed), flavor, shard_bytes)
+    stream = flavor != "hf" or quant != "bf16"   # transformers' fused BF16 experts need whole layers
+    tensors = iter_tensors(c, flavor, quant, seed) if stream else build_tensors(c, flavor, quant, seed)
+    write_checkpoint(out, c, tensors, flavor, shard_bytes)
     return out
 
 
@@ -399,6 +480,10 @@ def cache_root() -> Path:
 def resolve_preset(preset: str, flavor: str = "nvidia-nvfp4", seed: int = 0) -> Path:
     """The cached checkpoint directory of a preset, generated on first use and written atomically
     (a temporary directory renamed into place), so parallel test workers are safe."""
+    from .builtin import TRAINED, trained_path
+
+    if preset in TRAINED:   # shipped trained weights, not synthesized
+        return trained_path(preset, flavor, seed)
     final = cache_root() / f"{preset}-{flavor}-s{seed}-v{SYNTH_VERSION}"
     if (final / "config.json").exists():
         return final

@@ -18,6 +18,7 @@ Exit codes: 0 every capturable segment of the piecewise decoder runs as a graph,
 """
 from __future__ import annotations
 
+from ..checkpoint.builtin import add_checkpoint_argument
 import argparse
 import copy
 import json
@@ -253,7 +254,7 @@ def render(console: Console, rep: Report, *, per_kind: int = 12) -> None:
 # ---- CLI --------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m dsv4.decode.readiness", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", default="tiny", help="checkpoint directory or preset (default tiny)")
+    add_checkpoint_argument(p)
     p.add_argument("--plan", default="default", help="plan preset or TOML file")
     p.add_argument("--backend", default="auto", help="kernel backend (default auto: cutedsl_sm90 on Hopper)")
     p.add_argument("--device", default="cuda", help="a CUDA device, e.g. cuda:1 (default cuda)")

@@ -10,6 +10,7 @@ Exit codes: 0 no violation, 1 violations, 2 bad input, 3 the tool itself failed.
 """
 from __future__ import annotations
 
+from dsv4.checkpoint.builtin import add_checkpoint_argument
 import argparse
 import contextlib
 import sys
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, what in (("run", "audit every kernel call of a forward over the prompts"),
                        ("weights", "audit what the kernels read for every NVFP4 weight")):
         s = sub.add_parser(name, help=what)
-        s.add_argument("--checkpoint", default="tiny", help="checkpoint directory or preset (default: tiny)")
+        add_checkpoint_argument(s)
         s.add_argument("--seed", type=int, default=0, help="synthetic seed when --checkpoint is a tiny preset")
         s.add_argument("--plan", default="default", help="plan preset or TOML file (default: default)")
         s.add_argument("--backend", default="auto", help="backend to audit (default: auto, the best kernel "

@@ -11,6 +11,7 @@ not be measured (marked ``error`` with its message; every other row is kept and 
 """
 from __future__ import annotations
 
+from dsv4.checkpoint.builtin import add_checkpoint_argument
 import argparse
 import dataclasses
 import sys
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="keep the rows of an earlier --json summary (and their --records) measured in the same "
                         "context; measure only the missing or failed-to-run ones")
-    p.add_argument("--checkpoint", default="tiny", help="checkpoint directory or preset (default: tiny)")
+    add_checkpoint_argument(p)
     p.add_argument("--seed", type=int, default=0, help="synthetic seed of a tiny preset (default 0: held out)")
     p.add_argument("--prompt-set", default=None, help="prompts TOML (default: the hold-out set)")
     p.add_argument("--rules", default=None, help="thresholds TOML (default: parity/thresholds/default.toml)")
@@ -90,7 +91,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
             faults = list_faults()
         plan = resolve_plan(args.plan)
         device = parse_device(args.device)
-        rules = load_rules(args.rules)
+        rules = load_rules(args.rules, args.checkpoint)
         src = resolve_checkpoint(args.checkpoint, args.seed)
         set_threads(args.threads, device, src.config)
         prompt_set = args.prompt_set or str(holdout_prompt_path())

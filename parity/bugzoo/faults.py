@@ -17,7 +17,7 @@ fused_swiglu_unclamped_sigmoid     bug_budget  0      routed_experts or shared_e
 lm_head_fp4                        floor       None   lm_head (logits)
 router_gate_fp4                    floor       3      router (ffn.router.logits)
 indexer_rope_v32_layout            logic       3      indexer_q (attn.indexer.q)
-fp8_scale_grid_transposed          logic       1      attn_o (attn.out: wo_b's weight)
+fp8_scale_grid_transposed          logic       3      attn_o (attn.out: wo_b's weight)
 nvfp4_scales_read_swizzled         logic       1      routed_experts (ffn.routed.out)
 attention_sink_dropped             logic       0      attention (attn.core)
 routed_scaling_factor_dropped      logic       2      router (ffn.router.weights carries the factor)
@@ -224,23 +224,27 @@ def indexer_rope_v32_layout(model: Any) -> Iterator[None]:
 
 
 # ---- weight scale layouts ------------------------------------------------------------------------
-@register_fault("fp8_scale_grid_transposed", layer=1, component="attn_o", column="logic",
+_GRID_LAYER = 3   # asymmetric 2x2 wo_b grids in both tiny seed 0 and tiny-trained (layers 0-2 of the trained model are uniform)
+
+
+@register_fault("fp8_scale_grid_transposed", layer=_GRID_LAYER, component="attn_o", column="logic",
                 description="attn.wo_b's FP8 128x128 UE8M0 scale grid is read transposed at load, so blocks "
                             "(i, j) and (j, i) swap their scales.")
 def fp8_scale_grid_transposed(model: Any) -> Iterator[None]:
-    # Layer 1: in the tiny seed-0 checkpoint its 2x2 grid is asymmetric (layer 0's is symmetric, where
-    # the bug would be invisible); another checkpoint with a symmetric grid gets a clear error.
-    lin = block_of(model, 1).attention.wo_b
-    sw = _stored(model, "attn.wo_b", 1)
+    # A symmetric grid would hide the bug, so the layer is one whose grid is asymmetric in both built-in
+    # checkpoints; another checkpoint with a symmetric grid there gets a clear error.
+    i = _GRID_LAYER
+    lin = block_of(model, i).attention.wo_b
+    sw = _stored(model, "attn.wo_b", i)
     if sw.fmt.kind != FP8_BLOCK:
-        raise FaultTargetError(f"layers.1.attn.wo_b: expected an FP8 block weight in the checkpoint, found "
+        raise FaultTargetError(f"layers.{i}.attn.wo_b: expected an FP8 block weight in the checkpoint, found "
                                f"{sw.fmt.describe()}")
     s = sw.tensors["scale"]
     if s.shape[0] != s.shape[1] or torch.equal(s.view(torch.uint8), s.view(torch.uint8).T):
-        raise FaultTargetError(f"layers.1.attn.wo_b: its scale grid {s.view(torch.uint8).tolist()} is symmetric "
+        raise FaultTargetError(f"layers.{i}.attn.wo_b: its scale grid {s.view(torch.uint8).tolist()} is symmetric "
                                f"or not square: reading it transposed would change nothing")
     bad = _with_tensor(sw, "scale", s.T.contiguous())
-    with patched(lin, "weight", _same_format_as(lin.weight, [bad], torch.device(model.device_map[1]))):
+    with patched(lin, "weight", _same_format_as(lin.weight, [bad], torch.device(model.device_map[i]))):
         yield
 
 

@@ -168,7 +168,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
 
         t_start = time.perf_counter()
         device = parse_device(args.device)
-        rules = load_rules(args.rules)
+        rules = load_rules(args.rules, args.checkpoint)
         src, prompts = load_run_source(args, device)
         spec = _spec(args, src, prompts, rules, device)
         with progress_bars(console) as progress:

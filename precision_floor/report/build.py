@@ -62,7 +62,7 @@ def summary_section(d: ReportData) -> str:
     ck = d.provenance.get("checkpoint", {})
     cards.append(("checkpoint", f"{esc(ck.get('spec'))} <code>{esc(str(ck.get('fingerprint', ''))[:12])}</code>"))
     if d.columns is not None:
-        v = judge_verdict(d.columns.records, load_rules())
+        v = judge_verdict(d.columns.records, load_rules(None, ck.get("spec")))
         logic_ok = v.pair_passed("logic")
         cards.append(("logic column (rules)", '<span class="yes">passes</span>' if logic_ok
                       else '<span class="no">fails</span>'))

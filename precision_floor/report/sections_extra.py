@@ -125,7 +125,7 @@ def bugzoo_section(d: ReportData) -> str:
 
 def zoo_records_table(df: pd.DataFrame) -> str:
     """Per fault and column: records and failing judgements under the default thresholds."""
-    j = judge(df, load_rules())
+    j = judge(df, load_rules(None, str(df["config_name"].iloc[0]) if len(df) else None))   # the model's own rules
     df = df.assign(fault=df["fault"].fillna("(clean)"))
     j = j.assign(fault=j["fault"].fillna("(clean)"))
     counts = df.groupby(["fault", "pair"]).size().rename("records")

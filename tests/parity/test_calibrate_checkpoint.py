@@ -53,7 +53,7 @@ def test_checkpoint_calibration_writes_rules_that_judge_the_standard_prompts(che
 
 @pytest.mark.parametrize("extra, message", [
     ([], "expected --out FILE"),
-    (["--out", "DEFAULT"], "is not replaced from a real checkpoint"),
+    (["--out", "DEFAULT"], "is not replaced from another checkpoint"),
     (["--out", "x.toml", "--seeds", "1,2"], "--preset/--seeds select synthetic ones"),
 ])
 def test_checkpoint_calibration_bad_flags_exit_2_before_running(checkpoint_dir: Path, extra: list[str],

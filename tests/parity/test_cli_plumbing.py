@@ -31,9 +31,14 @@ def _console() -> tuple[Console, io.StringIO]:
     return Console(file=buf, width=200, force_terminal=False), buf
 
 
+def _on_tiny(args: list[str]) -> list[str]:
+    """These harness tests run on the synthetic tiny checkpoint (the fixtures' source), not the default."""
+    return args if "--checkpoint" in args else ["--checkpoint", "tiny", *args]
+
+
 def _run(args: list[str], loaders=None) -> tuple[int, str]:
     con, buf = _console()
-    rc = first_token.main(args, loaders=loaders, console=con)
+    rc = first_token.main(_on_tiny(args), loaders=loaders, console=con)
     return rc, buf.getvalue()
 
 

@@ -19,9 +19,14 @@ from parity.runner import DefaultLoaders
 CAPITAL = ["--prompt", "chat-capital"]        # 67 tokens
 
 
+def _on_tiny(args: list[str]) -> list[str]:
+    """These harness tests run on the synthetic tiny checkpoint (the fixtures' source), not the default."""
+    return args if "--checkpoint" in args else ["--checkpoint", "tiny", *args]
+
+
 def _run(args: list[str], loaders: Any = None) -> tuple[int, str]:
     buf = io.StringIO()
-    rc = decode.main(args, loaders=loaders, console=Console(file=buf, width=220))
+    rc = decode.main(_on_tiny(args), loaders=loaders, console=Console(file=buf, width=220))
     return rc, buf.getvalue()
 
 

@@ -35,7 +35,7 @@ def _compare(tiny, path: Path, tmp_path: Path, rules: str = LOOSE) -> tuple[int,
     r = tmp_path / "rules.toml"
     r.write_text(rules)
     con, buf = _console()
-    rc = compare_dumps.main(["--dumps", str(path), "--rules", str(r), "--json", str(tmp_path / "v.json")],
+    rc = compare_dumps.main(["--checkpoint", "tiny", "--dumps", str(path), "--rules", str(r), "--json", str(tmp_path / "v.json")],
                             loaders=FakeLoaders(tiny.fingerprint), console=con)
     return rc, buf.getvalue()
 
@@ -123,7 +123,7 @@ def test_no_dumps_found_exits_2(tiny, tmp_path: Path) -> None:
 
 def test_from_native_cli_writes_one_dump_per_prompt(tiny, tmp_path: Path) -> None:
     con, buf = _console()
-    rc = dumps.main(["--from-native", "--prompt", "chat-capital", "--prompt", "chat-explain", "--out",
+    rc = dumps.main(["--checkpoint", "tiny", "--from-native", "--prompt", "chat-capital", "--prompt", "chat-explain", "--out",
                      str(tmp_path / "o")], loaders=FakeLoaders(tiny.fingerprint), console=con)
     assert rc == 0
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["chat-capital", "chat-explain"]

@@ -1,7 +1,7 @@
-"""The parity suite (``pytest -m parity``): the real reference and native models on the tiny
+"""The parity suite (``pytest -m parity``): the real reference and native models on the trained tiny
 checkpoint (or ``--checkpoint``) on whatever device is present; the backend is auto-selected and
 recorded. ``DSV4_PARITY_RULES`` selects another thresholds file (a real checkpoint needs its own:
-the default one is calibrated on tiny synthetic checkpoints)."""
+the shipped ones are calibrated on the built-in tiny models)."""
 from __future__ import annotations
 
 import io
@@ -35,7 +35,7 @@ def _console() -> tuple[Console, io.StringIO]:
 
 
 @pytest.mark.parametrize("mode", ["chat", "thinking"])
-def test_default_run_on_tiny_passes(mode: str, tmp_path: Path) -> None:
+def test_default_run_on_the_trained_model_passes(mode: str, tmp_path: Path) -> None:
     recs, summary = tmp_path / "r.jsonl", tmp_path / "s.json"
     con, buf = _console()
     rc = first_token.main(["--mode", mode, "--records", str(recs), "--json", str(summary)], console=con)
@@ -54,7 +54,7 @@ def test_suite_on_the_checkpoint_and_device(checkpoint_arg: str, device: str) ->
     src = resolve_checkpoint(checkpoint_arg)
     if device == "cpu" and src.config.hidden_size <= 1024:
         torch.set_num_threads(1)
-    rules = load_rules(RULES)
+    rules = load_rules(RULES, checkpoint_arg)
     prompts = encode_prompts(select_prompts("chat")[:3], src.tokenizer, src.config.vocab_size)
     spec = RunSpec(source=src, prompts=prompts, plan=PrecisionPlan.preset("default"), device=device,
                    settings=settings_from_rules(rules))

@@ -29,7 +29,7 @@ TOLERANCE = 0.25
 MACHINE_SPREAD = 5.0
 
 
-pytestmark = pytest.mark.slow   # slow: a full calibration (~27 s)
+pytestmark = pytest.mark.slow   # slow: a full calibration (~27 s each)
 
 
 def _machine_dependent(key: tuple) -> bool:
@@ -53,15 +53,28 @@ def _near_bound(key: tuple, value: float) -> bool:
     return abs(value - policy.bound) <= TOLERANCE * abs(policy.bound)
 
 
-def test_default_thresholds_match_a_fresh_calibration() -> None:
-    torch.set_num_threads(1)
-    shipped = load_rules(default_rules_path())
+def _fresh(shipped) -> list[dict]:
+    """What `python -m parity.calibrate` writes today for the source the shipped file names."""
+    from dsv4.prompts import calibration_prompt_path
+
     cal = shipped.calibration
-    assert "preset" in cal and cal["seeds"] == list(calibrate.DEFAULT_SEEDS), cal
-    df = calibrate.calibrate(sources=[(cal["preset"], s) for s in cal["seeds"]], plan=resolve_plan(cal["plan"]),
-                             profiles=cal["profiles"], modes=list(THINKING_MODES), device="cpu",
-                             loaders=DefaultLoaders())
-    fresh = calibrate.calibrated_rules(df, cal["margin"])
+    if "preset" in cal:   # default.toml: the synthetic tiny checkpoints over their seeds
+        assert cal["seeds"] == list(calibrate.DEFAULT_SEEDS), cal
+        sources, prompt_set, bug_budget = [(cal["preset"], s) for s in cal["seeds"]], None, True
+    else:                 # a trained built-in: its checkpoint on its calibration prompt set
+        assert cal["checkpoint"] == "tiny-trained" and cal["prompt_set"].endswith(calibration_prompt_path().name), cal
+        sources, prompt_set, bug_budget = [("tiny-trained", 0)], str(calibration_prompt_path()), False
+    df = calibrate.calibrate(sources=sources, plan=resolve_plan(cal["plan"]), profiles=cal["profiles"],
+                             modes=list(THINKING_MODES), device="cpu", loaders=DefaultLoaders(),
+                             prompt_set=prompt_set, bug_budget=bug_budget)
+    return calibrate.calibrated_rules(df, cal["margin"])   # without a kernel run: the bug-budget defaults
+
+
+@pytest.mark.parametrize("name", ["default", "tiny-trained"])
+def test_shipped_thresholds_match_a_fresh_calibration(name: str) -> None:
+    torch.set_num_threads(1)
+    shipped = load_rules(default_rules_path().with_name(f"{name}.toml"))
+    fresh = _fresh(shipped)
     want = {(r["probe"], r["metric"], r["op"], r.get("pair"), r.get("compare_mode"), r.get("profile"),
              r.get("prompt")): r["value"] for r in fresh}
     have = {_key(r): r.value for r in shipped.rules}

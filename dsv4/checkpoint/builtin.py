@@ -1,0 +1,64 @@
+"""Built-in trained checkpoints shipped in the repository (``dsv4/data/models/``).
+
+Unlike the synthetic presets these have one set of weights (no seeds), trained by
+``python -m reference.training`` (provenance.json beside them). Each is shipped in the official
+FP8 + MXFP4 layout and in its NVFP4 form written by ``python -m dsv4.checkpoint.convert``; other
+layouts are one convert call away. Compute-free: the reference resolves these names too."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import CheckpointError
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
+# name -> {layout: directory under MODELS_DIR}; the directory name is the config's name (the NVFP4
+# form, which the native model runs, carries the model's own name)
+TRAINED: dict[str, dict[str, str]] = {
+    "tiny-trained": {"nvidia-nvfp4": "tiny-trained", "official": "tiny-trained-official"},
+}
+DEFAULT_CHECKPOINT = "tiny-trained"   # what every CLI runs when --checkpoint is not given
+
+
+def trained_name(checkpoint: str | Path) -> str | None:
+    """The trained built-in a --checkpoint value, shipped directory or config name denotes, or None."""
+    s = str(checkpoint)
+    if s in TRAINED:
+        return s
+    for name, dirs in TRAINED.items():
+        if s in dirs.values():   # a config name (the directory name)
+            return name
+        try:
+            if any(Path(s).resolve() == (MODELS_DIR / d).resolve() for d in dirs.values()):
+                return name
+        except OSError:
+            pass
+    return None
+
+
+def provenance_path(name: str) -> Path:
+    return MODELS_DIR / f"{name}.provenance.json"
+
+
+def trained_path(name: str, flavor: str = "nvidia-nvfp4", seed: int = 0) -> Path:
+    """The shipped directory of a trained built-in in one layout."""
+    if name not in TRAINED:
+        raise CheckpointError(f"built-in checkpoint: expected one of {sorted(TRAINED)}, found {name!r}")
+    if seed != 0:
+        raise CheckpointError(f"checkpoint {name!r}: a trained model has one set of weights, so no seed "
+                              f"{seed} (seeds select the synthetic presets' weights)")
+    if flavor not in TRAINED[name]:
+        raise CheckpointError(f"checkpoint {name!r}: shipped as {', '.join(TRAINED[name])}, not {flavor!r}; write "
+                              f"that layout with `python -m dsv4.checkpoint.convert {MODELS_DIR / TRAINED[name]['official']} "
+                              f"--flavor {flavor} --out DIR`")
+    path = MODELS_DIR / TRAINED[name][flavor]
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"checkpoint {name!r}: expected its files at {path}, found none (an incomplete "
+                              f"clone or install?)")
+    return path
+
+
+def add_checkpoint_argument(parser) -> None:
+    """The one ``--checkpoint`` option of every CLI (default: the trained tiny model)."""
+    parser.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
+                        help=f"checkpoint directory, {DEFAULT_CHECKPOINT} (the trained tiny model, default) or a "
+                             f"synthetic preset such as tiny (random weights; --seed picks them)")
