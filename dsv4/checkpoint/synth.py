@@ -64,6 +64,20 @@ def _rng(seed: int, name: str) -> np.random.Generator:
 _GAINS = {"head": 4.0, "ffn.gate": 1.0, "w1": 1.4, "w3": 1.4, "w2": 0.1, "wo_b": 0.1}
 
 
+def _normal_rows(g: np.random.Generator, shape: tuple[int, int], scale: float, rows: int = 8192) -> np.ndarray:
+    """``(g.standard_normal(shape) * scale).astype(float32)`` drawn a block of rows at a time: the
+    generator fills C order, so the values are the same, without a full-size float64 temporary
+    (a real-width vocabulary table would need 4 GB of it)."""
+    import numpy as np
+
+    out = np.empty(shape, np.float32)
+    for r in range(0, shape[0], rows):
+        block = g.standard_normal((min(rows, shape[0] - r), shape[1]))
+        block *= scale
+        out[r:r + rows] = block
+    return out
+
+
 def _linear_values(spec: WeightSpec, seed: int) -> np.ndarray:
     import numpy as np
 
@@ -71,7 +85,8 @@ def _linear_values(spec: WeightSpec, seed: int) -> np.ndarray:
     g = _rng(seed, spec.full_name)
     leaf = spec.name.rsplit(".", 1)[-1]
     gain = _GAINS.get(spec.name, _GAINS.get(leaf, 1.0))
-    w = g.standard_normal((n, k)) * (gain / np.sqrt(k))
+    w = g.standard_normal((n, k))
+    w *= gain / np.sqrt(k)   # in place: the same products, one float64 temporary fewer
     # Non-uniform block magnitudes: FP8 128x128 and FP4 16/32-wide scales all differ.
     bm = 2.0 ** g.uniform(-0.7, 0.7, size=(-(-n // 128), -(-k // 128)))
     w *= _blocks_of(bm, 128, 128, (n, k))
@@ -93,7 +108,7 @@ def synthetic_values(spec: WeightSpec, c: DSV4Config, seed: int) -> np.ndarray:
         return (1.0 + 0.1 * g.standard_normal(spec.shape)).astype(np.float32)
     if spec.kind == TABLE:
         scale = 1.0 if spec.name == "embed" else _GAINS["head"] / np.sqrt(spec.shape[1])
-        return (g.standard_normal(spec.shape) * scale).astype(np.float32)
+        return _normal_rows(g, spec.shape, scale)
     if spec.kind == INDEX:   # tid2eid: distinct experts per token id
         v, k = spec.shape
         return np.argsort(g.random((v, c.n_routed_experts)), axis=1)[:, :k].astype(np.int64)
