@@ -29,7 +29,7 @@ class BackendInfo:
     factory: Callable[[torch.device], Backend]
     # Which devices it can execute on: predicate over a torch.device.
     supports: Callable[[torch.device], bool]
-    # Auto-selection order: higher wins among backends supporting the device.
+    # Auto-selection order: higher wins among backends supporting the device; < 0: never auto's choice.
     priority: int = 0
     # Shown in records: e.g. "compiled, not executed here" for a backend with no matching GPU.
     note: str = ""
@@ -88,7 +88,8 @@ def available_backends() -> dict[str, BackendInfo]:
 
 
 def get_backend(name: str = "auto", device: str | torch.device = "cpu") -> Backend:
-    """Resolve a backend for ``device``. ``auto`` takes the highest-priority backend supporting it."""
+    """Resolve a backend for ``device``. ``auto`` takes the highest-priority backend supporting it
+    (priority >= 0: a negative priority means "by name only")."""
     return resolve_backend(name, device).factory(torch.device(device))
 
 
@@ -99,8 +100,8 @@ def resolve_backend(name: str = "auto", device: str | torch.device = "cpu", *,
     dev = torch.device(device)
     infos = available_backends()
     if name == "auto":
-        cands = sorted((i for i in infos.values() if i.name not in exclude and i.supports(dev)),
-                       key=lambda i: -i.priority)
+        cands = sorted((i for i in infos.values()
+                        if i.name not in exclude and i.priority >= 0 and i.supports(dev)), key=lambda i: -i.priority)
         if not cands:
             raise BackendError(f"no backend supports device {dev}; registered: {sorted(infos)}")
         return cands[0]

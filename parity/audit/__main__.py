@@ -138,8 +138,7 @@ def cmd_run(args: Any, console: Any) -> int:
             name = f"{v.module}.{v.op}.call{v.call_index}.safetensors"
             plan_entry = f"{v.component} = {model.plan.fmt(v.component)} (plan {model.plan.name})"
             files.append(str(export_repro(out / name, kc.call, v, plan_entry=plan_entry, device=device)))
-        say(console, f"repro files ({len(files)}) in {out}: rerun one with `python -m parity.audit replay FILE`",
-                      highlight=False, soft_wrap=True)
+        say(console, f"repro files ({len(files)}) in {out}: rerun one with `python -m parity.audit replay FILE`")
     s = auditor.summary()
     if args.json:
         atomic_write_json(args.json, {**s, "run_id": run_id, "repros": files,

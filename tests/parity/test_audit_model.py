@@ -93,3 +93,16 @@ def test_bug_budget_column_is_judged_by_the_audit(tiny, chat_prompts) -> None:
     # the distribution rules of emulated <-> kernel are information once the audit judges the column
     assert not [o for o in verdict.failed_rules if o.rule.pair == "bug_budget" and o.rule.compare_mode != "audit"]
     assert result.columns["bug_budget"].audit["violating_calls"] > 0
+
+
+def test_run_cli_writes_repros_of_a_violating_backend(tiny, tmp_path, capsys) -> None:
+    """`python -m parity.audit run` on a faulty backend: exit 1, the violations named, one repro per
+    kept call listed (this path once crashed in the message that lists them)."""
+    with installed(KTAIL) as name:
+        rc = audit_main(["run", "--checkpoint", "tiny", "--backend", name, "--prompt", "chat-capital",
+                         "--out", str(tmp_path / "repros")])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    files = sorted((tmp_path / "repros").glob("*.safetensors"))
+    assert files and f"repro files ({len(files)})" in out and "VIOLATION layers.0." in out
+    assert "Traceback" not in out and "internal error" not in out

@@ -308,3 +308,16 @@ def test_cuda_results_match_cpu(device: str) -> None:
         op_d = be.quantize_activation(ActQuantRequest(x.to(device), recipe=recipe))
         assert torch.equal(op_d.packed.cpu(), op_c.packed)  # the quantizer is bit-exact across devices
         assert torch.equal(op_d.scales.cpu().view(torch.uint8), op_c.scales.view(torch.uint8))
+
+
+def test_auto_never_picks_a_negative_priority_backend() -> None:
+    from dsv4.kernels.emulated import EmulatedBackend
+    from dsv4.kernels.registry import register_backend, resolve_backend, unregister_backend
+
+    register_backend("by-name-only", lambda d: EmulatedBackend(), supports=lambda d: True, priority=-1)
+    try:
+        assert resolve_backend("by-name-only", "cpu").name == "by-name-only"
+        with pytest.raises(Exception, match="no backend supports"):   # the only other CPU backends excluded
+            resolve_backend("auto", "cpu", exclude=("emulated", "tiled_gemm"))
+    finally:
+        unregister_backend("by-name-only")
