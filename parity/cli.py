@@ -4,7 +4,6 @@ Light at import (no torch, pandas or numpy): every ``python -m ... --help`` answ
 heavy imports live inside the functions that need them."""
 from __future__ import annotations
 
-from dsv4.checkpoint.builtin import add_checkpoint_argument
 import gc
 import json
 from pathlib import Path
@@ -12,6 +11,7 @@ import sys
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping
 
+from dsv4.checkpoint.builtin import add_checkpoint_argument
 from dsv4.checkpoint.errors import CheckpointError
 from dsv4.config import ConfigError
 from dsv4.plan import PlanError

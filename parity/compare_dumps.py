@@ -11,12 +11,13 @@ input (missing probes, mismatched shapes or token ids, prompts the tokenizer can
 """
 from __future__ import annotations
 
-from dsv4.checkpoint.builtin import add_checkpoint_argument
 import argparse
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
+
+from dsv4.checkpoint.builtin import add_checkpoint_argument
 
 from typing import TYPE_CHECKING
 

@@ -19,7 +19,6 @@ writes the native model's own probes in this format (what another engine would w
 """
 from __future__ import annotations
 
-from dsv4.checkpoint.builtin import add_checkpoint_argument
 import argparse
 import json
 import os
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
 
 
 
+from dsv4.checkpoint.builtin import add_checkpoint_argument
 from .cli import EXIT_PASS, outputs_of, parse_device, run_cli, set_threads
 
 FORMAT = "dsv4-parity-dump"
@@ -127,6 +127,7 @@ def read_dump(path: str | Path) -> Dump:
         raise DumpError(f"dump {d}: {MANIFEST}: expected JSON, found invalid JSON ({e.msg})") from None
     if not isinstance(manifest, dict):
         raise DumpError(f"dump {d}: {MANIFEST}: expected a JSON object")
+    _check_schema(d, manifest)
     missing = [k for k in _REQUIRED if k not in manifest]
     if missing:
         raise DumpError(f"dump {d}: {MANIFEST}: missing keys {missing} (required: {list(_REQUIRED)})")
@@ -154,8 +155,51 @@ def read_dump(path: str | Path) -> Dump:
             parse_probe(name)
         except KeyError as e:
             raise DumpError(f"dump {d}: {e.args[0]}") from None
+    _check_tensors(d, tensors, len(ids))
     order = listed + [n for n in tensors if n not in listed]
     return Dump(d, manifest, {n: tensors[n] for n in order})
+
+
+SCHEMA = Path(__file__).with_name("dump_manifest.schema.json")
+# Probes whose rows are compressed entries (N), not tokens, and the integer-valued ones (docs/model_surface.md).
+_ENTRY_ROWS = ("attn.compressed_kv", "attn.indexer.k")
+_INTEGER = ("ffn.router.topk_ids", "attn.indexer.topk")
+
+
+def _check_schema(d: Path, manifest: dict) -> None:
+    """The manifest against parity/dump_manifest.schema.json: the first violation, with its JSON path."""
+    from .errors import DumpError
+
+    try:
+        import jsonschema
+    except ImportError:   # a machine without it (the GPU box has no registry): the checks below still run
+        return
+
+    errors = jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text())).iter_errors(manifest)
+    err = min(errors, key=lambda e: [str(p) for p in e.absolute_path], default=None)   # the first, by path
+    if err is not None:
+        where = "/".join(str(p) for p in err.absolute_path) or "(top level)"
+        raise DumpError(f"dump {d}: {MANIFEST} {where}: {err.message} (schema {SCHEMA.name}, format_version "
+                        f"{FORMAT_VERSION})")
+
+
+def _check_tensors(d: Path, tensors: Mapping[str, Any], n_tokens: int) -> None:
+    """Token count and value kind of every probe: rows = the manifest's token count (entry probes
+    excepted), integer ids for the selections, floats for everything else."""
+    from dsv4.probes import parse_probe
+    from .errors import DumpError
+
+    for name, t in tensors.items():
+        _, suffix = parse_probe(name)
+        if t.dim() == 0:
+            raise DumpError(f"dump {d}: probe {name}: expected a tensor with a token dimension, found a scalar")
+        if suffix not in _ENTRY_ROWS and int(t.shape[0]) != n_tokens:
+            raise DumpError(f"dump {d}: probe {name}: expected {n_tokens} rows (one per token of token_ids), "
+                            f"found shape {list(t.shape)}")
+        integer = suffix in _INTEGER
+        if integer == t.is_floating_point():
+            raise DumpError(f"dump {d}: probe {name}: expected {'an integer' if integer else 'a floating'} dtype, "
+                            f"found {str(t.dtype).removeprefix('torch.')}")
 
 
 def find_dumps(root: str | Path) -> list[Path]:

@@ -2,12 +2,13 @@
 prompts, store, evaluator) and the error boundary (bad input -> exit 2, via parity.cli.run_cli)."""
 from __future__ import annotations
 
-from dsv4.checkpoint.builtin import add_checkpoint_argument
 import argparse
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from dsv4.checkpoint.builtin import add_checkpoint_argument
 
 from typing import TYPE_CHECKING
 

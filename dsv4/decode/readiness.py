@@ -18,7 +18,6 @@ Exit codes: 0 every capturable segment of the piecewise decoder runs as a graph,
 """
 from __future__ import annotations
 
-from ..checkpoint.builtin import add_checkpoint_argument
 import argparse
 import copy
 import json
@@ -28,6 +27,8 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+from ..checkpoint.builtin import add_checkpoint_argument
 
 from typing import TYPE_CHECKING
 

@@ -10,12 +10,13 @@ Exit codes: 0 no violation, 1 violations, 2 bad input, 3 the tool itself failed.
 """
 from __future__ import annotations
 
-from dsv4.checkpoint.builtin import add_checkpoint_argument
 import argparse
 import contextlib
 import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
+
+from dsv4.checkpoint.builtin import add_checkpoint_argument
 
 
 def say(console: Any, text: str) -> None:

@@ -11,12 +11,13 @@ not be measured (marked ``error`` with its message; every other row is kept and 
 """
 from __future__ import annotations
 
-from dsv4.checkpoint.builtin import add_checkpoint_argument
 import argparse
 import dataclasses
 import sys
 from pathlib import Path
 from typing import Sequence
+
+from dsv4.checkpoint.builtin import add_checkpoint_argument
 
 from typing import TYPE_CHECKING
 

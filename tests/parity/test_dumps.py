@@ -79,11 +79,11 @@ def test_mismatched_shape_exits_2(tiny, fake_dumps: Path, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda m: m.update(token_ids=m["token_ids"][:-1]), "token ids differ"),
+    (lambda m: m.update(token_ids=m["token_ids"][:-1]), "rows (one per token of token_ids)"),
     (lambda m: m.update(token_ids=[*m["token_ids"][:-1], 99999]), "outside the vocabulary"),
     (lambda m: m.update(prompt_mode="thinking"), "manifest says"),
     (lambda m: m.update(format_version=7), "version"),
-    (lambda m: m.pop("engine"), "missing keys"),
+    (lambda m: m.pop("engine"), "'engine' is a required property"),
 ])
 def test_bad_manifest_exits_2(tiny, fake_dumps: Path, tmp_path: Path, edit, message: str) -> None:
     one = sorted(fake_dumps.iterdir())[0]
