@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .hooks import capture as capture_rows, layer_rows
 from .transformers_map import GLOBAL_PROBES, LAYER_PROBES
 
 
@@ -30,35 +31,10 @@ def capture(model: Any, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     cfg = model.config
     if ids.dim() != 1:
         raise ValueError(f"capture: expected token ids [T], found shape {list(ids.shape)}")
-    mods = dict(model.named_modules())
-    got: dict[str, torch.Tensor] = {}
-    hooks = []
-
-    def keep(probe: str, t: Any, layout: str) -> None:
-        t = t[0] if isinstance(t, tuple) else t
-        got[probe] = _layout(t.detach(), layout, cfg.num_attention_heads).to("cpu")
-
-    def hook(probe: str, path: str, kind: str, layout: str) -> None:
-        if path not in mods:
-            raise ValueError(f"transformers model: expected a module {path!r} for probe {probe!r} "
-                             f"(parity/engines/transformers_map.py), found none; another transformers version?")
-        m = mods[path]
-        if kind == "out":
-            hooks.append(m.register_forward_hook(lambda _m, _i, o: keep(probe, o, layout)))
-        else:
-            hooks.append(m.register_forward_pre_hook(lambda _m, i: keep(probe, i[0], layout)))
-
-    try:
-        for i in range(cfg.num_hidden_layers):
-            for suffix, path, kind, layout in LAYER_PROBES:
-                hook(f"layers.{i}.{suffix}", f"model.layers.{i}" + (f".{path}" if path else ""), kind, layout)
-        for probe, path, kind, layout in GLOBAL_PROBES:
-            hook(probe, path, kind, layout)
-        with torch.no_grad():
-            model(ids[None].to(next(model.parameters()).device), use_cache=False)
-    finally:
-        for h in hooks:
-            h.remove()
+    rows = layer_rows(LAYER_PROBES, "model.layers", cfg.num_hidden_layers) + list(GLOBAL_PROBES)
+    got = capture_rows(model, rows, lambda: model(ids[None].to(next(model.parameters()).device), use_cache=False),
+                       table="parity/engines/transformers_map.py",
+                       layout_fn=lambda t, layout: _layout(t, layout, cfg.num_attention_heads))
     got["logits"] = got["logits"].float()
     return got
 

@@ -1,0 +1,96 @@
+"""The module tree of an engine's model, read from its source without importing it.
+
+``python -m parity.engines.module_tree FILE.py [FILE.py ...] --package NAME==VERSION --out TREE.json``
+records, for every class in the files, the sub-modules its methods assign (``self.attn = Cls(...)``,
+``self.layers = make_layers(n, lambda prefix: Cls(...))``, ``nn.ModuleList([Cls(...) ...])``) and the
+sha256 of each file. Engines that cannot be installed on these machines (vLLM, SGLang: CUDA
+builds) are checked this way: a probe table (``vllm_map.py``) must resolve, attribute by attribute,
+in the tree of the pinned version (tests/parity/test_engine_maps.py). Facts only: names and the
+classes they hold, no code."""
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def _callee(node: ast.AST) -> str | None:
+    """The class (or factory) a call constructs: ``Cls(...)`` / ``mod.Cls(...)`` / ``factory(...)(...)``."""
+    if not isinstance(node, ast.Call):
+        return None
+    f = node.func
+    if isinstance(f, ast.Name):
+        return f.id
+    if isinstance(f, ast.Attribute):
+        return f.attr if not (isinstance(f.value, ast.Name) and f.value.id == "self") else f"self.{f.attr}"
+    if isinstance(f, ast.Call):   # _select_cls(config)(...): the factory's name stands for the class
+        inner = _callee(f)
+        return f"{inner}()" if inner else None
+    return None
+
+
+def _held(node: ast.AST) -> tuple[str | None, bool]:
+    """(class, is_list) of an assigned value."""
+    name = _callee(node)
+    if name in ("make_layers", "ModuleList") and isinstance(node, ast.Call):
+        for sub in ast.walk(node):
+            if sub is not node and isinstance(sub, ast.Call):
+                inner = _callee(sub)
+                if inner and inner[0].isupper():
+                    return inner, True
+        return None, True
+    return name, False
+
+
+def classes_of(source: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for cls in (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)):
+        attrs: dict[str, dict[str, Any]] = {}
+        for node in ast.walk(cls):
+            if not isinstance(node, ast.Assign):
+                continue
+            held, is_list = _held(node.value)
+            if held is None:
+                continue
+            targets = [t for tgt in node.targets for t in (tgt.elts if isinstance(tgt, ast.Tuple) else [tgt])]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    if is_list and isinstance(node.targets[0], ast.Tuple) and t is not targets[-1]:
+                        continue   # start, end, layers = make_layers(...): the list is the last target
+                    entry = attrs.setdefault(t.attr, {"classes": [], "list": is_list})
+                    if held not in entry["classes"]:
+                        entry["classes"].append(held)
+        out[cls.name] = {"bases": [ast.unparse(b) for b in cls.bases], "attrs": attrs}
+    return out
+
+
+def build_tree(files: list[Path], package: str, root: Path) -> dict[str, Any]:
+    classes: dict[str, Any] = {}
+    sources = {}
+    for f in files:
+        text = f.read_text(encoding="utf-8")
+        sources[str(f.resolve().relative_to(root.resolve()))] = hashlib.sha256(text.encode()).hexdigest()
+        for name, c in classes_of(text).items():
+            classes.setdefault(name, c)
+    return {"package": package, "files": sources, "classes": classes}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m parity.engines.module_tree", description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="+")
+    p.add_argument("--package", required=True, help="NAME==VERSION the files come from")
+    p.add_argument("--root", default=".", help="paths are recorded relative to this directory")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    tree = build_tree([Path(f) for f in a.files], a.package, Path(a.root))
+    Path(a.out).write_text(json.dumps(tree, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {a.out}: {len(tree['classes'])} classes from {len(tree['files'])} files of {a.package}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
