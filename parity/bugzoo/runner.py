@@ -60,7 +60,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 
 from dsv4.plan import PrecisionPlan
-from dsv4.prompts import holdout_prompt_path, load_prompt_set
+from dsv4.prompts import default_prompt_path, holdout_prompt_path, load_prompt_set
 
 from ..env import code_version, device_name
 from ..errors import ParityInputError
@@ -328,15 +328,26 @@ def run_zoo(spec: ZooSpec, faults: Sequence[Fault], *, loaders: ModelLoaders | N
 
 
 def held_out(spec: ZooSpec) -> dict[str, Any]:
-    """Were the seed and the prompts unseen by the thresholds' calibration?"""
+    """Were the seed and the prompts unseen by the thresholds' calibration? The prompts are compared
+    with the set the rules were calibrated on (the standard set unless the file names another)."""
     seeds = [int(s) for s in spec.rules.calibration.get("seeds", [])]
     src = spec.source
-    standard = encode_prompts(load_prompt_set(), src.tokenizer, src.config.vocab_size)
+    standard = encode_prompts(load_prompt_set(calibration_prompt_set(spec.rules)), src.tokenizer, src.config.vocab_size)
     ids, tokens = {p.id for p in standard}, {p.ids for p in standard}
     # shared by id or by content: a renamed copy of a calibration prompt is not held out either
     shared = sorted(p.id for p in spec.prompts if p.id in ids or p.ids in tokens)
     return {"seed": spec.source.seed not in seeds, "prompts": not shared, "calibration_seeds": seeds,
             "shared_prompt_ids": shared}
+
+
+def calibration_prompt_set(rules: Any) -> Path | None:
+    """The prompt set a thresholds file was calibrated on (None: the standard set). A bare file name
+    is one of the shipped sets beside the standard one."""
+    name = rules.calibration.get("prompt_set")
+    if not name:
+        return None
+    p = Path(name)
+    return p if p.is_absolute() or p.exists() else default_prompt_path().with_name(name)
 
 
 def load_holdout(source: CheckpointSource, path: str | Path | None = None) -> list[EncodedPrompt]:

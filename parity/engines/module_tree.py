@@ -36,7 +36,7 @@ def _callee(node: ast.AST) -> str | None:
 def _held(node: ast.AST) -> tuple[str | None, bool]:
     """(class, is_list) of an assigned value."""
     name = _callee(node)
-    if name in ("make_layers", "ModuleList") and isinstance(node, ast.Call):
+    if name in ("make_layers", "make_pp_layers", "ModuleList") and isinstance(node, ast.Call):
         for sub in ast.walk(node):
             if sub is not node and isinstance(sub, ast.Call):
                 inner = _callee(sub)
@@ -59,8 +59,8 @@ def classes_of(source: str) -> dict[str, dict[str, Any]]:
             targets = [t for tgt in node.targets for t in (tgt.elts if isinstance(tgt, ast.Tuple) else [tgt])]
             for t in targets:
                 if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                    if is_list and isinstance(node.targets[0], ast.Tuple) and t is not targets[-1]:
-                        continue   # start, end, layers = make_layers(...): the list is the last target
+                    if is_list and len(targets) > 1 and t.attr.startswith(("start", "end")):
+                        continue   # start, end, layers = make_layers(...) (or layers, start, end): the list
                     entry = attrs.setdefault(t.attr, {"classes": [], "list": is_list})
                     if held not in entry["classes"]:
                         entry["classes"].append(held)

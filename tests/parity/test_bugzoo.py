@@ -229,14 +229,15 @@ def test_precision_fault_on_a_class_already_fp4_is_a_clear_error() -> None:
             pass
 
 
-# ---- end to end (the zoo on tiny seed 0, hold-out prompts) ---------------------------------------
-@pytest.fixture(scope="module")
-def zoo(tmp_path_factory: pytest.TempPathFactory) -> Any:
+# ---- end to end (the zoo on both built-in models: the trained default and synthetic tiny seed 0;
+# hold-out prompts, each model judged by its own thresholds) ------------------------------------------
+@pytest.fixture(scope="module", params=["tiny-trained", "tiny"])
+def zoo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     torch.set_num_threads(1)
     from parity.source import resolve_checkpoint
 
-    src = resolve_checkpoint("tiny", 0)
-    spec = ZooSpec(source=src, prompts=load_holdout(src), rules=load_rules(), prompt_set="holdout",
+    src = resolve_checkpoint(request.param, 0)
+    spec = ZooSpec(source=src, prompts=load_holdout(src), rules=load_rules(None, request.param), prompt_set="holdout",
                    reference_cache=tmp_path_factory.mktemp("refcache"))
     return run_zoo(spec, [get_fault(n) for n in BUILTIN])
 
@@ -292,9 +293,11 @@ def test_records_and_summary(zoo: Any) -> None:
     s = zoo.summary()
     json.dumps(s, allow_nan=False)   # strict JSON: the HTML report reads it
     assert s["schema"] == "parity.bugzoo/1" and s["passed"] is True
-    assert s["held_out"] == {"seed": True, "prompts": True, "calibration_seeds": [1, 2, 3], "shared_prompt_ids": []}
+    trained = zoo.spec.source.seed is None   # a trained model: calibrated on its own prompt set, no seeds
+    assert s["held_out"] == {"seed": True, "prompts": True, "calibration_seeds": [] if trained else [1, 2, 3],
+                             "shared_prompt_ids": []}
     assert [r["fault"] for r in s["rows"]] == [None, *BUILTIN]
-    assert s["checkpoint"]["seed"] == 0 and len(s["prompts"]) >= 6
+    assert s["checkpoint"]["seed"] == (None if trained else 0) and len(s["prompts"]) >= 6
 
 
 @pytest.mark.parity

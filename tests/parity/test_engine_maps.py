@@ -61,11 +61,13 @@ class Model(nn.Module):
     def __init__(self):
         self.start, self.end, self.layers = make_layers(4, lambda prefix: Layer(prefix))
         self.extra = nn.ModuleList([Layer(p) for p in range(2)])
+        self.more, self.start_layer, self.end_layer = make_pp_layers(2, lambda idx, prefix: Layer(prefix))
         self.norm = RMSNorm(8)
 '''
     c = classes_of(src)
     assert c["Model"]["attrs"]["layers"] == {"classes": ["Layer"], "list": True}
     assert c["Model"]["attrs"]["extra"] == {"classes": ["Layer"], "list": True}
+    assert c["Model"]["attrs"]["more"] == {"classes": ["Layer"], "list": True} and "end_layer" not in c["Model"]["attrs"]
     assert "start" not in c["Model"]["attrs"] and c["Layer"]["attrs"]["attn"]["classes"] == ["pick_attn()"]
 
 
