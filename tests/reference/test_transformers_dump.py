@@ -74,11 +74,18 @@ def test_a_swiglu_clamp_after_silu_is_caught_at_its_layer_and_component(tf_tiny,
     assert first["probe"] == f"layers.{FAULT_LAYER}.ffn.routed.out", first
 
 
-def test_a_subset_dump_without_logits_is_bad_input(tf_tiny, ids, tmp_path) -> None:
+def test_a_subset_dump_is_judged_on_what_it_holds_even_without_logits(tf_tiny, ids, tmp_path) -> None:
+    """Some engines give no full-prompt logits (SGLang's logits processor): the layers are judged alone;
+    a subset holding no probe of the config is bad input."""
     from parity.dumps import write_dump
 
     tf, ckpt = tf_tiny
-    probes = {k: v for k, v in capture(tf, ids).items() if k != "logits"}
+    probes = {k: v for k, v in capture(tf, ids).items() if k.startswith("layers.")}
     write_dump(tmp_path / "dumps" / "p0", probes, engine="transformers-test", token_ids=ids.tolist(),
                prompt_mode="chat", probe_subset=True)
+    rc, v = _judge(tmp_path, ckpt, "logic")
+    assert rc == 0, v
+    assert v["verdict"]["pairs"]["logic"]["first_divergence"] is None
+    write_dump(tmp_path / "dumps" / "p0", {"layers.9.out": probes["layers.0.out"]}, engine="transformers-test",
+               token_ids=ids.tolist(), prompt_mode="chat", probe_subset=True)
     assert compare_main(["--dumps", str(tmp_path / "dumps"), "--checkpoint", str(ckpt)]) == 2
