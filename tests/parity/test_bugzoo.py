@@ -34,7 +34,7 @@ LAYER_CLASSES = (attention.Attention, compressor.Compressor, indexer.Indexer, li
                  linear.Fp8Linear, moe.MoE, router.Router, router.HashRouter, shared_expert.SharedExpert)
 
 
-pytestmark = pytest.mark.slow   # slow: the whole zoo runs once for the module (~75 s)
+pytestmark = pytest.mark.slow   # slow: the whole zoo runs once per built-in model (~75 s each)
 
 
 def _console() -> tuple[Console, io.StringIO]:
