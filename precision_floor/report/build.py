@@ -88,7 +88,8 @@ def provenance_section(d: ReportData) -> str:
     ck, cfg = p.get("checkpoint", {}), p.get("config", {})
     ctx = d.context
     items = [
-        ("checkpoint", f"{esc(ck.get('spec'))} ({esc(ck.get('flavor'))}, seed {esc(ck.get('seed'))})"),
+        ("checkpoint", f"{esc(ck.get('spec'))} ({esc(ck.get('flavor'))}, "
+                       + (f"seed {esc(ck.get('seed'))})" if ck.get("seed") is not None else "trained weights, no seed)")),
         ("checkpoint path", f"<code>{esc(ck.get('path'))}</code>"),
         ("fingerprint", f"<code>{esc(ck.get('fingerprint'))}</code>"),
         ("config", esc(cfg.get("name")) + " — " + esc(", ".join(
