@@ -14,10 +14,11 @@ from pathlib import Path
 _STALE_SECONDS = 60.0   # a temp file this old is not a concurrent writer's
 
 
-def _umask() -> int:
+def file_mode() -> int:
+    """The mode a new file gets under the user's umask (0o666 & ~umask)."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
 def _clean_stale(path: Path) -> None:
@@ -40,7 +41,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

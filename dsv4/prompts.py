@@ -43,6 +43,12 @@ def calibration_prompt_path() -> Path:
     return default_prompt_path().with_name("prompts_calibration.toml")
 
 
+def shipped_prompt_set(name_or_path: str | Path) -> Path:
+    """A prompt-set path, or the bare file name of a shipped set (as thresholds files record them)."""
+    p = Path(name_or_path)
+    return p if p.is_absolute() or p.exists() else default_prompt_path().with_name(str(name_or_path))
+
+
 def load_prompt_set(path: str | Path | None = None) -> list[Prompt]:
     """Read and validate a prompt set; every prompt must render with the encoder."""
     path = Path(path) if path is not None else default_prompt_path()

@@ -394,6 +394,7 @@ def calibration_source(args: argparse.Namespace, console: Console) -> Calibratio
     """Validate the source flags (before anything runs) and describe the source."""
     from dsv4.prompts import calibration_prompt_path, holdout_prompt_path
     from .errors import ParityInputError
+    from .constants import shipped_rules_file
     from .rules import default_rules_path
     from .source import resolve_checkpoint
 
@@ -416,7 +417,7 @@ def calibration_source(args: argparse.Namespace, console: Console) -> Calibratio
 
     trained = trained_name(args.checkpoint)
     if trained is not None:   # a built-in trained model: its own shipped file, beside default.toml
-        args.out = args.out or str(default_rules_path().parent / f"{trained}.toml")
+        args.out = args.out or str(shipped_rules_file(trained))
     if args.out is None or Path(args.out).resolve() == default_rules_path().resolve():
         raise ParityInputError(f"--checkpoint: expected --out FILE for this checkpoint's thresholds, found "
                                f"{args.out or 'none'} ({default_rules_path()} holds the synthetic tiny models' and "

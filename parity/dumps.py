@@ -115,7 +115,6 @@ def read_dump(path: str | Path) -> Dump:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
     from dsv4.encoding import THINKING_MODES
-    from dsv4.probes import parse_probe
     from .errors import DumpError
 
     d = Path(path)
@@ -150,11 +149,6 @@ def read_dump(path: str | Path) -> Dump:
     absent = [n for n in listed if n not in tensors]
     if absent:
         raise DumpError(f"dump {d}: manifest lists probes missing from {TENSORS}: {absent[:8]}")
-    for name in tensors:
-        try:
-            parse_probe(name)
-        except KeyError as e:
-            raise DumpError(f"dump {d}: {e.args[0]}") from None
     _check_tensors(d, tensors, len(ids))
     order = listed + [n for n in tensors if n not in listed]
     return Dump(d, manifest, {n: tensors[n] for n in order})
@@ -184,13 +178,16 @@ def _check_schema(d: Path, manifest: dict) -> None:
 
 
 def _check_tensors(d: Path, tensors: Mapping[str, Any], n_tokens: int) -> None:
-    """Token count and value kind of every probe: rows = the manifest's token count (entry probes
-    excepted), integer ids for the selections, floats for everything else."""
+    """Every probe's name is known, its rows are the manifest's token count (entry probes excepted),
+    integer ids for the selections, floats for everything else."""
     from dsv4.probes import parse_probe
     from .errors import DumpError
 
     for name, t in tensors.items():
-        _, suffix = parse_probe(name)
+        try:
+            _, suffix = parse_probe(name)
+        except KeyError as e:
+            raise DumpError(f"dump {d}: {e.args[0]}") from None
         if t.dim() == 0:
             raise DumpError(f"dump {d}: probe {name}: expected a tensor with a token dimension, found a scalar")
         if suffix not in _ENTRY_ROWS and int(t.shape[0]) != n_tokens:

@@ -69,9 +69,9 @@ _LAYER_OUT = re.compile(r"layers\.\d+\.out")
 
 @functools.lru_cache(maxsize=1)
 def _rules() -> tuple[tuple[re.Pattern[str], str, str | None, str | None], ...]:
-    from parity.rules import default_rules_path
+    from parity.constants import shipped_rules_file
 
-    shipped = sorted(default_rules_path().parent.glob("*.toml"))   # every built-in model's thresholds
+    shipped = sorted(shipped_rules_file("default").parent.glob("*.toml"))   # every built-in model's thresholds
     return tuple((re.compile(r.probe), r.metric, r.pair, r.compare_mode) for f in shipped for r in load_rules(f).rules)
 
 

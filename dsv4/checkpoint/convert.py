@@ -22,7 +22,7 @@ def convert(src: str | Path, flavor: str, out: str | Path, *, shard_bytes: int |
     from ..weights import dequantize
     from .formats import DENSE, HASH, RAW
     from .reader import open_checkpoint
-    from .synth import DEFAULT_SHARD_BYTES, build_tensors, iter_tensors, write_checkpoint
+    from .synth import DEFAULT_SHARD_BYTES, checkpoint_tensors, write_checkpoint
 
     reader = open_checkpoint(src)
     c = reader.config
@@ -39,9 +39,8 @@ def convert(src: str | Path, flavor: str, out: str | Path, *, shard_bytes: int |
             return sw.tensors["weight"].to(torch.float32).numpy()
         return dequantize(sw).numpy()
 
-    # transformers' fused BF16 experts need whole layers; every other layout streams weight by weight
-    tensors = build_tensors(c, flavor, values=values) if flavor == "hf" else iter_tensors(c, flavor, values=values)
-    write_checkpoint(out, c, tensors, flavor, shard_bytes or DEFAULT_SHARD_BYTES, tokenizer=tok)
+    write_checkpoint(out, c, checkpoint_tensors(c, flavor, values=values), flavor, shard_bytes or DEFAULT_SHARD_BYTES,
+                     tokenizer=tok)
     return out
 
 

@@ -31,18 +31,13 @@ if TYPE_CHECKING:
     Values = Callable[["WeightSpec"], np.ndarray]   # a weight's logical fp32 values (int64: hash table)
 
 
+from ..atomic_io import file_mode
 from .errors import CheckpointError
 from .flavors import hf_base
 from .layouts import FLAVORS, get_layout
 from .names import INDEX, LINEAR, NORM, PARAM, TABLE, WeightSpec, all_weights
 
 log = logging.getLogger(__name__)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 SYNTH_VERSION = 3
 DEFAULT_SHARD_BYTES = 64 * 1024 * 1024
@@ -377,6 +372,15 @@ def iter_tensors(c: DSV4Config, flavor: str, quant: str = "bf16", seed: int = 0,
             yield from f.result().items()
 
 
+def checkpoint_tensors(c: DSV4Config, flavor: str, quant: str = "bf16", seed: int = 0, values: Values | None = None
+                       ) -> Mapping[str, torch.Tensor] | Iterator[tuple[str, torch.Tensor]]:
+    """What write_checkpoint takes: the streamed tensors, or the whole dict where transformers' fused
+    BF16 experts need whole layers."""
+    if flavor == "hf" and quant == "bf16":
+        return build_tensors(c, flavor, quant, seed, values)
+    return iter_tensors(c, flavor, quant, seed, values)
+
+
 def build_tensors(c: DSV4Config, flavor: str, quant: str = "bf16", seed: int = 0,
                   values: Values | None = None) -> dict[str, torch.Tensor]:
     """Every stored tensor of ``c`` in layout ``flavor``. ``values(spec)`` gives each weight's logical
@@ -424,7 +428,7 @@ def write_checkpoint(out: Path, c: DSV4Config, tensors: Mapping[str, torch.Tenso
         (out / fname).write_text(json.dumps(content, indent=2, sort_keys=True) + "\n")
     items = sorted(tensors.items()) if isinstance(tensors, Mapping) else tensors
     meta = {"format": "pt"}   # one key only: safetensors writes metadata maps in random order
-    mode = 0o666 & ~_umask()   # safetensors creates its files 0600; outputs take the user's umask
+    mode = file_mode()   # safetensors creates its files 0600; outputs take the user's umask
     written: list[tuple[Path, list[str]]] = []
     shard: dict[str, torch.Tensor] = {}
     size = total = 0
@@ -482,9 +486,7 @@ def synth(preset: str = "tiny", flavor: str = "nvidia-nvfp4", out: str | Path = 
     if flavor == "official-dspark" and not c.dspark_block_size:
         c = with_dspark(c)   # the 0731/0813 form of the preset: its DSpark keys and stages
     out = Path(out)
-    stream = flavor != "hf" or quant != "bf16"   # transformers' fused BF16 experts need whole layers
-    tensors = iter_tensors(c, flavor, quant, seed) if stream else build_tensors(c, flavor, quant, seed)
-    write_checkpoint(out, c, tensors, flavor, shard_bytes)
+    write_checkpoint(out, c, checkpoint_tensors(c, flavor, quant, seed), flavor, shard_bytes)
     return out
 
 

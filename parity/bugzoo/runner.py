@@ -60,7 +60,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pandas as pd
 
 from dsv4.plan import PrecisionPlan
-from dsv4.prompts import default_prompt_path, holdout_prompt_path, load_prompt_set
+from dsv4.prompts import holdout_prompt_path, load_prompt_set, shipped_prompt_set
 
 from ..env import code_version, device_name
 from ..errors import ParityInputError
@@ -344,10 +344,7 @@ def calibration_prompt_set(rules: Any) -> Path | None:
     """The prompt set a thresholds file was calibrated on (None: the standard set). A bare file name
     is one of the shipped sets beside the standard one."""
     name = rules.calibration.get("prompt_set")
-    if not name:
-        return None
-    p = Path(name)
-    return p if p.is_absolute() or p.exists() else default_prompt_path().with_name(name)
+    return shipped_prompt_set(name) if name else None
 
 
 def load_holdout(source: CheckpointSource, path: str | Path | None = None) -> list[EncodedPrompt]:

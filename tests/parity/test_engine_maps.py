@@ -31,18 +31,16 @@ def _resolve(tree: dict, root: str, path: str, factories: dict) -> str:
     return cls
 
 
-@pytest.mark.parametrize("root, layers, rows", [
-    (vllm_map.ROOT, "model.layers", vllm_map.LAYER_PROBES + vllm_map.GLOBAL_PROBES),
-    (vllm_map.DSPARK_ROOT, "model.layers", vllm_map.DSPARK_LAYER_PROBES + vllm_map.DSPARK_GLOBAL_PROBES),
+@pytest.mark.parametrize("root, layer_rows, global_rows", [
+    (vllm_map.ROOT, vllm_map.LAYER_PROBES, vllm_map.GLOBAL_PROBES),
+    (vllm_map.DSPARK_ROOT, vllm_map.DSPARK_LAYER_PROBES, vllm_map.DSPARK_GLOBAL_PROBES),
 ])
-def test_every_vllm_row_resolves_in_the_pinned_source(root, layers, rows) -> None:
+def test_every_vllm_row_resolves_in_the_pinned_source(root, layer_rows, global_rows) -> None:
     tree = json.loads((TREES / vllm_map.TREE).read_text())
     assert tree["package"] == f"vllm=={vllm_map.VERSION}" and tree["files"]
     ends = {}
-    for probe, path, kind, layout in rows:
-        full = path if probe.count(".") == 0 or probe.startswith("dspark.") or not probe.startswith(("attn", "ffn")) \
-            else f"{layers}.0.{path}"
-        ends[probe] = _resolve(tree, root, full, vllm_map.FACTORIES)
+    for probe, path, kind, layout in hooks.layer_rows(layer_rows, "model.layers", 1) + list(global_rows):
+        ends[probe.removeprefix("layers.0.")] = _resolve(tree, root, path, vllm_map.FACTORIES)
         assert kind in ("in", "out") and layout == "rows"
     assert ends.get("attn.out") == "DeepseekV4Attention" and ends.get("ffn.out") == "DeepseekV4MoE"
     assert ends.get("ffn.shared.out") == "DeepseekV4MLP"

@@ -10,7 +10,8 @@ import torch
 from dsv4.plan import resolve_plan
 from dsv4.encoding import THINKING_MODES
 from parity import calibrate
-from parity.rules import default_rules_path, load_rules
+from parity.constants import shipped_rules_file
+from parity.rules import load_rules
 from parity.runner import DefaultLoaders
 
 # Machine-to-machine float noise (another CPU's BF16 kernels) can flip a near tie and move a worst
@@ -73,7 +74,7 @@ def _fresh(shipped) -> list[dict]:
 @pytest.mark.parametrize("name", ["default", "tiny-trained"])
 def test_shipped_thresholds_match_a_fresh_calibration(name: str) -> None:
     torch.set_num_threads(1)
-    shipped = load_rules(default_rules_path().with_name(f"{name}.toml"))
+    shipped = load_rules(shipped_rules_file(name))
     fresh = _fresh(shipped)
     want = {(r["probe"], r["metric"], r["op"], r.get("pair"), r.get("compare_mode"), r.get("profile"),
              r.get("prompt")): r["value"] for r in fresh}
