@@ -73,6 +73,11 @@ class _Builder:
         self.devices, self.dispatchers, self.act_scale = devices, dispatchers, act_scale
         self.records: list[ConversionRecord] = []
 
+    def klass(self, trunk_class: str) -> str:
+        """The plan class a weight of ``trunk_class`` is built under (the trunk's own; the DSpark stage
+        builder maps it to the draft's)."""
+        return trunk_class
+
     def _extra(self, fmt: str, device: str) -> dict[str, Any]:
         return {"dispatcher": self.dispatchers[device], "act_scale": self.act_scale} if fmt == "fp4" else {}
 
@@ -83,9 +88,10 @@ class _Builder:
         return RMSNorm(self.tensor(name, layer, device), self.c.rms_norm_eps)
 
     def linear(self, names: Sequence[str], layer: int | None, device: str, *,
-               out_dtype: torch.dtype = ACT_DTYPE) -> Linear:
-        """One linear over the row-concatenation of ``names`` (one name, or ``[w1, w3]``)."""
-        comp = component_class(names[0])
+               out_dtype: torch.dtype = ACT_DTYPE, component: str | None = None) -> Linear:
+        """One linear over the row-concatenation of ``names`` (one name, or ``[w1, w3]``), in the plan
+        format of ``component`` (default: the class the names imply)."""
+        comp = component or self.klass(component_class(names[0]))
         fmt = self.plan[comp]
         label = _label(names, layer)
         w = prepare([self.r.weight(n, layer) for n in names], fmt, name=label, component=comp, records=self.records,
@@ -118,7 +124,7 @@ class _Builder:
                 n_heads=c.index_n_heads, head_dim=c.index_head_dim, topk=c.index_topk, ratio=ratio,
                 qk_treatment=INDEXER_QK_TREATMENT[self.plan["indexer_q"]])
         wo_a = self.grouped([[g] for g in split_rows(self.r.weight("attn.wo_a", i), c.o_groups)],
-                            f"layers.{i}.attn.wo_a", "attn_o", device)
+                            f"layers.{i}.attn.wo_a", self.klass("attn_o"), device)
         return Attention(
             f"layers.{i}.", wq_a=self.linear(["attn.wq_a"], i, device), q_norm=self.norm("attn.q_norm", i, device),
             wq_b=self.linear(["attn.wq_b"], i, device), wkv=self.linear(["attn.wkv"], i, device),
@@ -128,18 +134,18 @@ class _Builder:
             compressor=compressor, indexer=indexer, n_heads=c.num_attention_heads, head_dim=c.head_dim,
             o_groups=c.o_groups, window=c.sliding_window, ratio=ratio, eps=c.rms_norm_eps)
 
-    def moe(self, i: int, device: str) -> MoE:
+    def moe(self, i: int, device: str, hashed: bool | None = None) -> MoE:
         c = self.c
         gate = self.linear(["ffn.gate"], i, device, out_dtype=torch.float32)   # FP32 logits (spec §9 step 1)
         kw = dict(topk=c.num_experts_per_tok, route_scale=c.routed_scaling_factor)
         router = (HashRouter(f"layers.{i}.", gate, tid2eid=self.tensor("ffn.gate.tid2eid", i, device), **kw)
-                  if c.is_hash_layer(i) else
+                  if (c.is_hash_layer(i) if hashed is None else hashed) else
                   Router(f"layers.{i}.", gate, bias=self.tensor("ffn.gate.bias", i, device), **kw))
         E = c.n_routed_experts
         w13 = self.grouped([[self.r.weight(f"ffn.experts.{e}.w1", i), self.r.weight(f"ffn.experts.{e}.w3", i)]
-                            for e in range(E)], f"layers.{i}.ffn.experts.w13", "routed_experts", device)
+                            for e in range(E)], f"layers.{i}.ffn.experts.w13", self.klass("routed_experts"), device)
         w2 = self.grouped([[self.r.weight(f"ffn.experts.{e}.w2", i)] for e in range(E)],
-                          f"layers.{i}.ffn.experts.w2", "routed_experts", device)
+                          f"layers.{i}.ffn.experts.w2", self.klass("routed_experts"), device)
         shared = SharedExpert(f"layers.{i}.ffn.shared_experts",
                               self.linear(["ffn.shared_experts.w1", "ffn.shared_experts.w3"], i, device),
                               self.linear(["ffn.shared_experts.w2"], i, device), swiglu_limit=c.swiglu_limit)

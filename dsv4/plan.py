@@ -36,6 +36,8 @@ FORMATS = ("fp4", "fp8", "bf16", "fp32")
 LEGAL_FORMATS: Mapping[str, tuple[str, ...]] = {
     **{c: FORMATS for c in PLAN_CLASSES if c != "kv_cache"},
     "kv_cache": ("fp8", "bf16", "fp32"),
+    # the collapse is a tiny projection: NVFP4 W4A4 or high precision, never an FP8 block GEMM
+    "draft_hc_head": ("fp4", "bf16", "fp32"),
 }
 
 # What each class covers (for reports and error messages).
@@ -50,13 +52,27 @@ CLASS_COVERS: Mapping[str, str] = {
     "compressor": "attn.compressor.wkv/wgate, attn.indexer.compressor.wkv/wgate",
     "indexer_q": "attn.indexer.wq_b (+ the indexer's QK fake quantization, see INDEXER_QK_TREATMENT)",
     "indexer_weights": "attn.indexer.weights_proj",
-    "kv_cache": "dims [0, nope) of the window KV and the compressed KV",
+    "kv_cache": "dims [0, nope) of the window KV and the compressed KV (and the DSpark rings)",
+    "draft_main_proj": "mtp.0.main_proj (the join of the target layers' hidden states)",
+    "draft_attn_q": "mtp.*.attn.wq_a, attn.wq_b",
+    "draft_attn_kv": "mtp.*.attn.wkv (block rows and ring entries)",
+    "draft_attn_o": "mtp.*.attn.wo_a, attn.wo_b",
+    "draft_router": "mtp.*.ffn.gate",
+    "draft_shared_expert": "mtp.*.ffn.shared_experts.w1/w3/w2",
+    "draft_routed_experts": "mtp.*.ffn.experts.*.w1/w3/w2",
+    "draft_hc_head": "mtp.<last>.hc_head_fn (the drafter's collapse; fp4 = its projection as an NVFP4 GEMM)",
+    "draft_markov_head": "mtp.<last>.markov_head.markov_w2 (W2; the W1 lookup is a table read)",
+    "draft_confidence_head": "mtp.<last>.confidence_head.proj",
 }
 
 _DEFAULT = {
     "lm_head": "bf16", "router": "bf16", "shared_expert": "fp4", "routed_experts": "fp4", "attn_q": "fp4",
     "attn_kv": "fp4", "attn_o": "fp4", "compressor": "bf16", "indexer_q": "fp4", "indexer_weights": "bf16",
     "kv_cache": "fp8",
+    # the draft mirrors the trunk: its block linears FP4, its router and heads high precision
+    "draft_main_proj": "fp4", "draft_attn_q": "fp4", "draft_attn_kv": "fp4", "draft_attn_o": "fp4",
+    "draft_router": "bf16", "draft_shared_expert": "fp4", "draft_routed_experts": "fp4", "draft_hc_head": "bf16",
+    "draft_markov_head": "bf16", "draft_confidence_head": "bf16",
 }
 PRESETS: Mapping[str, Mapping[str, str]] = {
     "default": _DEFAULT,

@@ -39,9 +39,31 @@ GLOBAL_PROBES_AFTER: tuple[tuple[str, str], ...] = (("hc_head", "mhc"), ("final_
                                                     ("logits", "lm_head"))
 
 # Plan classes (have weights, can be flipped) and localization-only classes.
-PLAN_CLASSES = ("lm_head", "router", "shared_expert", "routed_experts", "attn_q", "attn_kv", "attn_o",
-                "compressor", "indexer_q", "indexer_weights", "kv_cache")
+TRUNK_PLAN_CLASSES = ("lm_head", "router", "shared_expert", "routed_experts", "attn_q", "attn_kv", "attn_o",
+                      "compressor", "indexer_q", "indexer_weights", "kv_cache")
+# The DSpark draft's own classes (docs/dspark.md): its stage blocks' linears mirror the trunk's classes
+# with a ``draft_`` prefix, plus the join, the drafter's hc-head collapse, the Markov and confidence
+# heads. The draft shares the trunk's embedding, LM head (``lm_head``) and KV storage (``kv_cache``).
+DRAFT_PREFIX = "draft_"
+DRAFT_PLAN_CLASSES = ("draft_main_proj", "draft_attn_q", "draft_attn_kv", "draft_attn_o", "draft_router",
+                      "draft_shared_expert", "draft_routed_experts", "draft_hc_head", "draft_markov_head",
+                      "draft_confidence_head")
+PLAN_CLASSES = TRUNK_PLAN_CLASSES + DRAFT_PLAN_CLASSES
 LOCALIZATION_CLASSES = ("mhc", "attention", "moe", "embed", "final_norm")
+
+# The draft's probes (reference/dspark.py and dsv4/dspark emit them); its stage s reports as trunk
+# layer L + s (``layers.{L+s}.*``, the official numbering).
+DRAFT_PROBES: tuple[tuple[str, str], ...] = (("dspark.hc_head", "draft_hc_head"),
+                                             ("dspark.base_logits", "lm_head"),
+                                             ("dspark.logits", "draft_markov_head"),
+                                             ("dspark.confidence", "draft_confidence_head"))
+
+
+def draft_class(trunk_class: str) -> str:
+    """The draft's plan class for a stage weight of trunk class ``trunk_class`` (``attn_q`` ->
+    ``draft_attn_q``); classes the draft shares with the trunk (``kv_cache``) stay as they are."""
+    c = DRAFT_PREFIX + trunk_class
+    return c if c in DRAFT_PLAN_CLASSES else trunk_class
 
 # Integer-valued probes: compared by selection agreement, never by cosine.
 SELECTION_PROBES = ("attn.indexer.topk", "ffn.router.topk_ids")

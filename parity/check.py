@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None, *, console: Console | None = None) -
             atomic_write_json(args.json, verdict.summary())
         return EXIT_PASS if verdict.passed else EXIT_FAIL
 
-    return run_cli(body, console, outputs_of(args))
+    return run_cli(body, console, outputs_of(args, records=""))   # records: the input files here
 
 
 if __name__ == "__main__":

@@ -177,9 +177,11 @@ class DSparkReference:
 
     @torch.no_grad()
     def draft(self, ds: DSparkState, anchor: int, temperature: float = 0.0,
-              generator: torch.Generator | None = None) -> Draft:
+              generator: torch.Generator | None = None, forced: list[int] | None = None) -> Draft:
         """Eq 6-18: the γ draft tokens after ``anchor`` (at position ds.pos): argmax at temperature 0,
-        else drawn from softmax(ℓ_r / T) (each row corrected from the token drawn before it)."""
+        else drawn from softmax(ℓ_r / T) (each row corrected from the token drawn before it).
+        ``forced`` (γ ids) drives the Markov chain instead of the drawn tokens, so two drafts can be
+        compared row by row with the same chain (the harness's teacher forcing)."""
         c, m = self.c, self.model
         ids = torch.tensor([anchor] + [c.dspark_noise_token_id] * (self.gamma - 1), device=self.device)   # Eq 6
         positions = torch.arange(ds.pos, ds.pos + self.gamma, device=self.device)                          # Eq 8
@@ -204,6 +206,8 @@ class DSparkReference:
             prev = int(torch.argmax(lr)) if temperature <= 0 else int(
                 torch.multinomial(torch.softmax(lr.to(ACC) / max(temperature, 1e-5), -1), 1, generator=generator))
             tokens.append(prev)
+            if forced is not None:
+                prev = int(forced[r])
             rows.append(lr)
         logits = torch.stack(rows)
         probes.emit("dspark.logits", logits)

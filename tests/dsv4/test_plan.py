@@ -13,7 +13,9 @@ from dsv4.probes import PLAN_CLASSES
 def test_presets_match_the_documented_table():
     d, f4, b16 = (dict(PrecisionPlan.preset(n).components) for n in ("default", "all-fp4", "all-bf16"))
     assert set(d) == set(PLAN_CLASSES)
-    assert {c for c, v in d.items() if v == "bf16"} == {"lm_head", "router", "compressor", "indexer_weights"}
+    assert {c for c, v in d.items() if v == "bf16"} == {"lm_head", "router", "compressor", "indexer_weights",
+                                                        "draft_router", "draft_hc_head", "draft_markov_head",
+                                                        "draft_confidence_head"}
     assert d["kv_cache"] == "fp8" and f4["kv_cache"] == "fp8" and b16["kv_cache"] == "bf16"
     assert all(v == "fp4" for c, v in f4.items() if c != "kv_cache")
     assert set(b16.values()) == {"bf16"}

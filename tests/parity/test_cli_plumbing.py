@@ -165,3 +165,18 @@ def test_check_cli(tiny, rules, tmp_path: Path) -> None:
     bad_rules.write_text("[[rule]\n")
     con, buf = _console()
     assert check.main([str(recs), "--rules", str(bad_rules)], console=con) == 2
+
+
+def test_check_creates_nothing_from_its_input_paths(tiny, rules, tmp_path: Path, monkeypatch) -> None:
+    """The positional records are inputs: the output-path check once made a directory named after the
+    list of them ("['/tmp/...r.jsonl']") in the working directory."""
+    loose, _ = rules
+    recs = tmp_path / "r.jsonl"
+    assert _run(["--prompt", "chat-explain", "--rules", str(loose), "--records", str(recs)],
+                FakeLoaders(tiny.fingerprint))[0] == 0
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    con, _ = _console()
+    assert check.main([str(recs), "--rules", str(loose)], console=con) == 0
+    assert list(work.iterdir()) == []
