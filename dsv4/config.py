@@ -595,6 +595,9 @@ PRESETS = {
     "tiny-deep": lambda: _tiny("tiny-deep", num_hidden_layers=8, compress_ratios=(0, 4, 16, 4, 16, 4, 16, 4)),
     # The trained tiny model shipped in dsv4/data/models (dsv4.checkpoint.builtin): its config.
     "tiny-trained": lambda: _trained_config("tiny-trained"),
+    # The tiny model with a DSpark draft (three window-only stages after its four layers; random
+    # weights): the synthetic 0731 flavor that draft parity runs on (docs/dspark.md).
+    "tiny-dspark": lambda: with_dspark(_tiny()),
     # The July/August releases with their DSpark draft (config-only, like flash and pro).
     "flash-0731": lambda: with_dspark(_flash()),
     "pro-0813": lambda: with_dspark(_pro()),

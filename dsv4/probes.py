@@ -53,10 +53,15 @@ LOCALIZATION_CLASSES = ("mhc", "attention", "moe", "embed", "final_norm")
 
 # The draft's probes (reference/dspark.py and dsv4/dspark emit them); its stage s reports as trunk
 # layer L + s (``layers.{L+s}.*``, the official numbering).
-DRAFT_PROBES: tuple[tuple[str, str], ...] = (("dspark.hc_head", "draft_hc_head"),
+DRAFT_PROBES: tuple[tuple[str, str], ...] = (("dspark.main_hidden", "mhc"),            # Eq 1-2, the target's capture
+                                             ("dspark.join", "draft_main_proj"),       # Eq 3
+                                             ("dspark.hc_head", "draft_hc_head"),
                                              ("dspark.base_logits", "lm_head"),
                                              ("dspark.logits", "draft_markov_head"),
                                              ("dspark.confidence", "draft_confidence_head"))
+
+# A stage's probes beyond the trunk layer's: the ring entries its commit writes (Eq 4).
+DRAFT_LAYER_PROBES: tuple[tuple[str, str], ...] = (("attn.context_kv", "attn_kv"),)
 
 
 def draft_class(trunk_class: str) -> str:

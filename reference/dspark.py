@@ -111,7 +111,9 @@ class DSparkReference:
             x = m.layer(i, x, state)
             if i in self.c.dspark_target_layer_ids:
                 taken[i] = x.to(ACC).mean(dim=1).to(m.dtype).to(self.device)
-        return m.head(x), torch.cat([taken[i] for i in self.c.dspark_target_layer_ids], dim=-1)
+        mh = torch.cat([taken[i] for i in self.c.dspark_target_layer_ids], dim=-1)
+        probes.emit("dspark.main_hidden", mh)
+        return m.head(x), mh
 
     def new_state(self) -> DSparkState:
         return DSparkState([torch.zeros(self.c.sliding_window, self.c.head_dim, dtype=self.model.dtype,
@@ -124,6 +126,7 @@ class DSparkReference:
         s0 = StageWeights(self.model, 0, self.device)
         mh = rms_norm(linear(main_hidden, s0("main_proj"), self.model.profile.act_quant), s0("main_norm", True),
                       self.c.rms_norm_eps)                                                     # Eq 3
+        probes.emit("dspark.join", mh)
         cs = cos_sin(self.rope, positions)
         for s in range(self.stages):
             sw = StageWeights(self.model, s, self.device)
@@ -131,6 +134,7 @@ class DSparkReference:
                                      sw("attn.kv_norm", True), self.c.rms_norm_eps), cs)       # Eq 4
             if self.model.profile.kv_fp8:
                 kv = kv_fake_quant(kv, self.c.qk_rope_head_dim)
+            probes.emit(f"layers.{self.c.num_hidden_layers + s}.attn.context_kv", kv)
             n = min(T, W)
             ds.rings[s][positions[-n:] % W] = kv[-n:]                                          # Eq 5
         ds.pos += T

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 CLIS = ["parity.first_token", "parity.bugzoo", "parity.audit", "parity.check", "parity.decode",
-        "parity.compare_dumps", "parity.dumps", "parity.calibrate", "precision_floor.flips",
+        "parity.compare_dumps", "parity.dumps", "parity.calibrate", "parity.dspark", "precision_floor.flips",
         "precision_floor.search", "precision_floor.report", "precision_floor.attribution",
         "dsv4.checkpoint.synth", "dsv4.checkpoint.verify", "dsv4.checkpoint.sparse",
         "dsv4.kernels.compile_check", "dsv4.decode.readiness"]

@@ -79,7 +79,9 @@ class NativeDSpark:
             X = t.layer(i, X, state)
             if i in c.dspark_target_layer_ids:
                 taken[i] = X.to(torch.float32).mean(dim=1).to(t.act_dtype).to(self.device)
-        return t.head(X), torch.cat([taken[i] for i in c.dspark_target_layer_ids], dim=-1)
+        mh = torch.cat([taken[i] for i in c.dspark_target_layer_ids], dim=-1)
+        probes.emit("dspark.main_hidden", mh)
+        return t.head(X), mh
 
     def new_state(self) -> DraftState:
         return DraftState([s.new_ring() for s in self.blocks])
@@ -92,6 +94,7 @@ class NativeDSpark:
         start = ds.pos
         positions = torch.arange(start, start + T, device=self.device)
         m = self.join(main_hidden.to(self.device, self.target.act_dtype))
+        probes.emit("dspark.join", m)
         for stage, ring in zip(self.blocks, ds.rings):
             ring.write(start, stage.attention.context_entries(m, positions))
 

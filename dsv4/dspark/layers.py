@@ -24,7 +24,10 @@ class DraftAttention(Attention):
 
     def context_entries(self, m: torch.Tensor, positions: torch.Tensor) -> StoredKV:
         """Eq 4: ``RoPE_t(kv_norm(wkv m_t))``, encoded as the plan's KV storage stores it."""
-        return self.kv_storage.encode(self.apply_rope(self.key_value(m), positions))
+        stored = self.kv_storage.encode(self.apply_rope(self.key_value(m), positions))
+        if probes.active():
+            probes.emit(self.prefix + "attn.context_kv", self.kv_storage.decode(stored))
+        return stored
 
     def __call__(self, x, ring: WindowCache, positions: torch.Tensor) -> torch.Tensor:   # type: ignore[override]
         q, _ = self.query(x)

@@ -1,0 +1,73 @@
+"""``python -m parity.dspark calibrate``: the floor column's draft rules for one checkpoint, from the
+calibration prompt set (held out from the standard set the verdict runs on), both prompt modes and
+both reference profiles, both compare modes. Written to ``parity/thresholds/dspark-<config>.toml``.
+
+Per (profile, compare mode, probe, metric), over prompts and block rows:
+* error metrics: bound = worst × 2 (the trunk rules' margin) for whole tensors (rel_diff); × 4 for
+  the per-row ones (KL, confidence |Δ|), extreme values over every block row (the trunk rules'
+  extra × 2 for maxima over tokens);
+* cosine: bound = 1 − 2·(1 − worst);
+* rates (top-1 agreement without near ties, top-5 overlap, expert selection): bound = mean − 3
+  binomial standard errors at the calibration count − 0.02 (one flip in fifty), at least 0.
+Each rule's note says its worst value, where it was seen and the margin."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from .judge import RATE_METRICS, aggregate
+from .report import rows_frame
+from .run import DraftSpec, run_draft_parity
+
+PROFILES = ("bf16", "official")
+MARGIN = 2.0
+ROW_MARGIN = 4.0             # maxima over block rows (extreme-value statistics)
+ROW_METRICS = ("kl", "abs_diff")
+
+
+def rules_from(agg: Any, profile: str, n_prompts: int) -> list[dict[str, Any]]:
+    out = []
+    for r in agg.itertuples():
+        if r.metric in ("shape_mismatch", "nonfinite"):
+            continue
+        if r.metric in RATE_METRICS:
+            se = math.sqrt(max(r.value * (1 - r.value), 0.0) / max(r.n, 1))
+            bound, direction = max(r.value - 3 * se - 0.02, 0.0), "min"
+            note = f"mean {r.value:.4g} over {r.n} rows of {n_prompts} calibration prompts - 3 SE - 0.02"
+        elif r.metric == "cosine":
+            bound, direction = 1 - MARGIN * (1 - r.value), "min"
+            note = f"worst {r.value:.6g} (prompt {r.prompt}) over {n_prompts} calibration prompts, 1 - {MARGIN:g}(1 - worst)"
+        else:
+            m = ROW_MARGIN if r.metric in ROW_METRICS else MARGIN
+            bound, direction = r.value * m, "max"
+            note = f"worst {r.value:.4g} (prompt {r.prompt}) over {n_prompts} calibration prompts x {m:g}"
+        out.append({"profile": profile, "mode": r.mode, "probe": r.probe, "metric": r.metric, "direction": direction,
+                    "bound": float(bound), "note": note})
+    return out
+
+
+def to_toml(rules: list[dict[str, Any]], header: str, plan: str, act_scale: str) -> str:
+    lines = [f"# {h}" if h else "#" for h in header.splitlines()]
+    lines += ["", f"plan = {_val(plan)}", f"act_scale = {_val(act_scale)}", ""]
+    for r in rules:
+        lines += ["[[rule]]"] + [f"{k} = {_val(r[k])}" for k in ("profile", "mode", "probe", "metric", "direction",
+                                                                "bound", "note")] + [""]
+    return "\n".join(lines)
+
+
+def _val(v: Any) -> str:
+    if isinstance(v, float):
+        return repr(v)
+    return "'" + str(v).replace("'", "’") + "'"
+
+
+def calibrate(source: Any, prompts: Sequence[Any], plan: Any, device: str,
+              progress: Callable[[str], None]) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = []
+    for profile in PROFILES:
+        spec = DraftSpec(source=source, prompts=prompts, plan=plan, profile=profile, device=device,
+                         columns=("floor",), n_tokens=0)   # act_scale: DraftSpec's default (frozen)
+        result = run_draft_parity(spec, lambda m, p=profile: progress(f"{p}: {m}"))
+        rules += rules_from(aggregate(rows_frame(result)), profile, len(prompts))
+    return rules

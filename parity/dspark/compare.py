@@ -1,0 +1,139 @@
+"""One draft call compared between an anchor side and a test side (docs/dspark.md, parity):
+
+Both targets prefill the prompt and commit it into their drafts' rings (**propagated**: each draft
+its own target's main_hidden; **isolated**: the test draft the anchor's, so a draft bug is not
+mixed with a target bug). Both drafts then draft from the same anchor token (the anchor target's
+greedy next token) with the same Markov chain (the anchor draft's tokens, teacher forced), so every
+row compares like with like. Measured:
+
+* each probe of the join, the rings and the stages (``dspark.main_hidden``, ``dspark.join``,
+  ``layers.{L+s}.*``) and the head (``dspark.hc_head``): rel_diff (squared relative L2, as
+  everywhere in parity) and cosine;
+* per block row, the draft logits before (``dspark.base_logits``) and after (``dspark.logits``) the
+  Markov correction: KL(anchor || test) in nats, top-1 agreement (a row whose anchor top-2 margin is
+  below the near-tie threshold is marked ``near_tie`` and forgiven), top-5 overlap;
+* per row the confidence: |Δ| of the raw logits."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+
+from dsv4.probes import DRAFT_LAYER_PROBES, DRAFT_PROBES, LAYER_PROBES, ProbeRecorder, draft_class
+
+from ..metrics import cosine, rel_diff
+from .sides import Side
+
+ROW_PROBES = ("dspark.base_logits", "dspark.logits")
+TOPK = 5
+_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+_SUFFIX_CLASS = {**dict(LAYER_PROBES), **dict(DRAFT_LAYER_PROBES)}
+_GLOBAL_CLASS = dict(DRAFT_PROBES)
+
+
+@dataclass
+class DraftCapture:
+    """What one side produced for one prompt: the probes of its commit and of one draft call."""
+
+    anchor_token: int
+    tokens: list[int]
+    main_hidden: torch.Tensor
+    probes: dict[str, torch.Tensor]
+
+
+def where_of(name: str, n_layers: int) -> tuple[str, str]:
+    """(place, plan or localization class) of a draft probe: place ``stage s`` / ``join`` / ``head``."""
+    m = _LAYER.match(name)
+    if m:
+        return f"stage {int(m.group(1)) - n_layers}", draft_class(_SUFFIX_CLASS.get(m.group(2), "mhc"))
+    place = {"dspark.main_hidden": "target capture", "dspark.join": "join"}.get(name, "head")
+    return place, _GLOBAL_CLASS.get(name, "mhc")
+
+
+def probe_order(n_layers: int, stages: int) -> list[str]:
+    """Every draft probe in execution order (the first failing one localizes a fault)."""
+    names = ["dspark.main_hidden", "dspark.join"]
+    names += [f"layers.{n_layers + s}.attn.context_kv" for s in range(stages)]
+    for s in range(stages):
+        names += [f"layers.{n_layers + s}.{suffix}" for suffix, _ in LAYER_PROBES
+                  if suffix != "attn.compressed_kv" and not suffix.startswith("attn.indexer.")]
+    return names + ["dspark.hc_head", "dspark.base_logits", "dspark.logits", "dspark.confidence"]
+
+
+def _include(n_layers: int) -> Any:
+    return lambda name: name.startswith("dspark.") or (
+        (m := _LAYER.match(name)) is not None and int(m.group(1)) >= n_layers)
+
+
+@torch.no_grad()
+def capture(side: Side, prompt: torch.Tensor, *, main_hidden: torch.Tensor | None = None,
+            anchor_token: int | None = None, forced: list[int] | None = None) -> DraftCapture:
+    """Prefill ``prompt`` on ``side``'s target, commit ``main_hidden`` (default: its own) into its
+    draft's rings and draft once from ``anchor_token`` (default: its own greedy next token)."""
+    L = _config(side).num_hidden_layers
+    with ProbeRecorder(include=_include(L), to_cpu=True) as rec:
+        logits, own, _ = side.start(prompt)
+        mh = own if main_hidden is None else main_hidden
+        ds = side.dspark.new_state()
+        side.commit(ds, mh)
+        a = int(torch.argmax(logits[-1])) if anchor_token is None else anchor_token
+        d = side.dspark.draft(ds, a, forced=forced)
+    return DraftCapture(a, d.tokens, own.detach().to("cpu"), dict(rec.values))
+
+
+def _softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.log_softmax(x.double(), dim=-1)
+
+
+def row_metrics(a: torch.Tensor, b: torch.Tensor, near_tie: float) -> Iterator[tuple[int, str, float]]:
+    """Per row r of [γ, V] logits: kl, top1_agree, near_tie (1/0), topk_overlap."""
+    la, lb = _softmax(a), _softmax(b)
+    kl = (la.exp() * (la - lb)).sum(dim=-1)
+    top_a, top_b = torch.topk(a.double(), TOPK, dim=-1).indices, torch.topk(b.double(), TOPK, dim=-1).indices
+    two = torch.topk(la, 2, dim=-1).values
+    for r in range(a.shape[0]):
+        yield r, "kl", float(kl[r])
+        yield r, "top1_agree", float(top_a[r, 0] == top_b[r, 0])
+        yield r, "near_tie", float(two[r, 0] - two[r, 1] < near_tie)
+        yield r, "topk_overlap", len(set(top_a[r].tolist()) & set(top_b[r].tolist())) / TOPK
+
+
+def compare_captures(anchor: DraftCapture, test: DraftCapture, *, n_layers: int, stages: int,
+                     near_tie: float) -> list[dict[str, Any]]:
+    """Rows ``{probe, place, component, row, metric, value}`` (row -1: the whole tensor)."""
+    out: list[dict[str, Any]] = []
+
+    def add(probe: str, row: int, metric: str, value: float) -> None:
+        place, comp = where_of(probe, n_layers)
+        out.append({"probe": probe, "place": place, "component": comp, "row": row, "metric": metric, "value": value})
+
+    for name in probe_order(n_layers, stages):
+        if name not in anchor.probes or name not in test.probes:
+            continue
+        a, b = anchor.probes[name], test.probes[name]
+        if tuple(a.shape) != tuple(b.shape):
+            add(name, -1, "shape_mismatch", 1.0)
+            continue
+        if not torch.isfinite(b.float()).all():
+            add(name, -1, "nonfinite", 1.0)
+            continue
+        if name.endswith("topk_ids"):
+            add(name, -1, "selection_agree", float((a == b).float().mean()))
+            continue
+        if name == "dspark.confidence":
+            for r in range(a.shape[0]):
+                add(name, r, "abs_diff", float((a[r].double() - b[r].double()).abs()))
+            continue
+        add(name, -1, "rel_diff", rel_diff(a, b))
+        add(name, -1, "cosine", cosine(a, b))
+        if name in ROW_PROBES:
+            for r, metric, v in row_metrics(a, b, near_tie):
+                add(name, r, metric, v)
+    return out
+
+
+def _config(side: Side) -> Any:
+    d = side.dspark
+    return d.config if hasattr(d, "config") else d.c

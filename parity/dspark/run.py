@@ -1,0 +1,162 @@
+"""Draft parity, the one door (``run_draft_parity``; CLI ``python -m parity.dspark``): the three
+columns of the rest of parity applied to the DSpark draft, and the speculative loop with the
+crossed target/draft pairs.
+
+* **logic**      reference bf16 profile in FP32 <-> native ``all-fp32`` on ``emulated``;
+* **floor**      reference ``--profile`` <-> native plan on ``emulated`` (what NVFP4 costs the draft);
+* **bug_budget** native plan on ``emulated`` <-> the same plan on a kernel backend, judged by the
+  exact kernel/weight audit of every target and draft call (absent when no kernel backend runs).
+
+Per column and prompt: one draft call compared probe by probe and row by row (``compare.py``, both
+modes), then greedy speculation for the four pairs (anchor/test target × anchor/test draft) and
+plain greedy decoding of each target (``loop.py``). Nothing is judged here (``judge.py``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from dsv4.plan import PrecisionPlan
+
+from ..inputs import EncodedPrompt
+from ..source import CheckpointSource
+from .compare import capture, compare_captures
+from .loop import Speculation, greedy, speculate
+from .sides import Side, native_side, reference_side
+
+COLUMNS = ("logic", "floor", "bug_budget")
+MODES = ("propagated", "isolated")
+PAIRS = ("anchor+anchor", "test+test", "anchor+test", "test+anchor")   # target+draft
+Progress = Callable[[str], None]
+
+
+@dataclass
+class DraftSpec:
+    source: CheckpointSource
+    prompts: Sequence[EncodedPrompt]
+    plan: PrecisionPlan = field(default_factory=lambda: PrecisionPlan.preset("default"))
+    profile: str = "bf16"
+    backend: str = "auto"
+    device: str = "cpu"
+    device_map: Mapping[Any, str] | None = None
+    n_tokens: int = 32
+    near_tie: float = 1e-3
+    act_scale: str = "frozen"   # the native sides' activation-scale policy (sides.native_side says why)
+    columns: Sequence[str] = COLUMNS
+    # tests and the bug zoo replace how a side is built (e.g. a native side with a fault patched in)
+    build_side: Callable[..., Side] | None = None
+
+
+@dataclass
+class ColumnRun:
+    name: str
+    anchor: str
+    test: str
+    ran: bool
+    reason: str = ""
+    rows: list[dict[str, Any]] = field(default_factory=list)                      # compare_captures rows
+    spec: dict[str, dict[str, Speculation]] = field(default_factory=dict)          # pair -> prompt -> run
+    greedy: dict[str, dict[str, list[int]]] = field(default_factory=dict)          # anchor/test -> prompt
+    audit: dict[str, Any] = field(default_factory=dict)
+    weight_audit: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DraftParityResult:
+    spec: DraftSpec
+    columns: dict[str, ColumnRun]
+
+
+def _sides(spec: DraftSpec, column: str, kernel: str | None) -> tuple[Callable[[], Side], Callable[[], Side]]:
+    path, dev, dm = str(spec.source.path), spec.device, spec.device_map
+    build = spec.build_side or _build_side
+    if column == "logic":
+        return (lambda: build("reference", path, profile="bf16", dtype=torch.float32, device=dev, device_map=dm),
+                lambda: build("native", path, plan=PrecisionPlan.preset("all-fp32"), backend="emulated", device=dev,
+                              device_map=dm, act_scale=spec.act_scale))
+    if column == "floor":
+        return (lambda: build("reference", path, profile=spec.profile, dtype=torch.bfloat16, device=dev, device_map=dm),
+                lambda: build("native", path, plan=spec.plan, backend="emulated", device=dev, device_map=dm,
+                              act_scale=spec.act_scale))
+    return (lambda: build("native", path, plan=spec.plan, backend="emulated", device=dev, device_map=dm,
+                          act_scale=spec.act_scale),
+            lambda: build("native", path, plan=spec.plan, backend=kernel, device=dev, device_map=dm,
+                          act_scale=spec.act_scale))
+
+
+def _build_side(kind: str, path: str, **kw: Any) -> Side:
+    return reference_side(path, **kw) if kind == "reference" else native_side(path, **kw)
+
+
+def run_column(spec: DraftSpec, column: str, kernel: str | None, progress: Progress) -> ColumnRun:
+    make_anchor, make_test = _sides(spec, column, kernel)
+    progress(f"{column}: loading both sides")
+    anchor, test = make_anchor(), make_test()
+    run = ColumnRun(column, anchor.label, test.label, True)
+    c = spec.source.config
+    auditor = None
+    if column == "bug_budget":
+        from ..audit import CallAuditor, audit_weights
+
+        run.weight_audit = {"target": audit_weights(test.dspark.target).summary(),
+                            "draft": audit_weights(test.dspark).summary()}
+        auditor = CallAuditor()
+        auditor.attach(test.dspark.target)
+    try:
+        for n, p in enumerate(spec.prompts):
+            progress(f"{column}: prompt {n + 1}/{len(spec.prompts)} {p.id}: draft call")
+            ids = p.tensor()
+            if auditor is not None:
+                auditor.prompt_id = p.id
+            a = capture(anchor, ids)
+            tests = {"propagated": capture(test, ids, anchor_token=a.anchor_token, forced=a.tokens),
+                     "isolated": capture(test, ids, main_hidden=a.main_hidden, anchor_token=a.anchor_token,
+                                         forced=a.tokens)}
+            for mode, t in tests.items():
+                for row in compare_captures(a, t, n_layers=c.num_hidden_layers, stages=c.dspark_stages,
+                                            near_tie=spec.near_tie):
+                    run.rows.append({"column": column, "mode": mode, "prompt": p.id, "prompt_mode": p.mode, **row})
+            if spec.n_tokens <= 0:   # calibration: the draft calls only
+                continue
+            progress(f"{column}: prompt {n + 1}/{len(spec.prompts)} {p.id}: speculation, 4 pairs")
+            sides = {"anchor": anchor, "test": test}
+            for pair in PAIRS:
+                tgt, drf = pair.split("+")
+                run.spec.setdefault(pair, {})[p.id] = speculate(sides[tgt], sides[drf], ids, spec.n_tokens)
+            for name, side in sides.items():
+                run.greedy.setdefault(name, {})[p.id] = greedy(side, ids, spec.n_tokens)
+    finally:
+        if auditor is not None:
+            auditor.detach()
+            run.audit = auditor.summary()
+    anchor.release()
+    test.release()
+    return run
+
+
+def run_draft_parity(spec: DraftSpec, progress: Progress | None = None) -> DraftParityResult:
+    """Run the requested columns (one at a time, both sides of a column loaded together)."""
+    from ..threeway import resolve_kernel_backend
+
+    progress = progress or (lambda _m: None)
+    bad = [c for c in spec.columns if c not in COLUMNS]
+    if bad:
+        from ..errors import ParityInputError
+
+        raise ParityInputError(f"columns: expected a subset of {list(COLUMNS)}, found {bad}")
+    if not spec.source.config.dspark_block_size:
+        from ..errors import ParityInputError
+
+        raise ParityInputError(f"checkpoint {spec.source.spec}: expected a DSpark (0731/0813) checkpoint with "
+                               f"dspark_* config keys and mtp.* stages, found config {spec.source.config_name} "
+                               f"without them (try --checkpoint tiny-dspark)")
+    kernel, reason = resolve_kernel_backend(spec.backend, spec.device) if "bug_budget" in spec.columns \
+        else (None, "not requested")
+    out: dict[str, ColumnRun] = {}
+    for column in spec.columns:
+        if column == "bug_budget" and kernel is None:
+            out[column] = ColumnRun(column, f"native:{spec.plan.name}/emulated", "native:<kernel>", False, reason)
+            continue
+        out[column] = run_column(spec, column, kernel, progress)
+    return DraftParityResult(spec, out)
