@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--act-scale", choices=("frozen", "static", "runtime"), default="frozen",
                    help="native activation global scales (default frozen: speculation needs batch-invariant scales)")
     p.add_argument("--tokens", type=int, default=32, help="tokens generated per prompt by each speculative pair")
-    p.add_argument("--rules", default=None, help="floor rules TOML (default parity/thresholds/dspark-<config>.toml)")
+    p.add_argument("--rules", default=None, help="floor rules TOML (default parity/thresholds/dspark/<checkpoint>.toml)")
     p.add_argument("--json", default=None, help="write a JSON summary here")
     z = sub.add_parser("zoo", help="every DSpark fault of the bug zoo through draft parity (caught, localized, cost)")
     _common(z)
@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("calibrate", help="write the floor rules of a checkpoint from the calibration prompts")
     _common(c)
     c.add_argument("--prompt-set", default="prompts_calibration.toml", help="calibration prompt set")
-    c.add_argument("--out", default=None, help="default parity/thresholds/dspark-<config>.toml")
+    c.add_argument("--out", default=None, help="default parity/thresholds/dspark/<checkpoint>.toml")
     return p
 
 

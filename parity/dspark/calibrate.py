@@ -1,6 +1,6 @@
 """``python -m parity.dspark calibrate``: the floor column's draft rules for one checkpoint, from the
 calibration prompt set (held out from the standard set the verdict runs on), both prompt modes and
-both reference profiles, both compare modes. Written to ``parity/thresholds/dspark-<config>.toml``.
+both reference profiles, both compare modes. Written to ``parity/thresholds/dspark/<checkpoint>.toml``.
 
 Per (profile, compare mode, probe, metric), over prompts and block rows:
 * error metrics: bound = worst × 2 (the trunk rules' margin) for whole tensors (rel_diff); × 4 for
@@ -13,12 +13,10 @@ Each rule's note says its worst value, where it was seen and the margin."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from .judge import RATE_METRICS, aggregate
-from .report import rows_frame
-from .run import DraftSpec, run_draft_parity
+from .run import DraftSpec, rows_frame, run_draft_parity
 
 PROFILES = ("bf16", "official")
 MARGIN = 2.0

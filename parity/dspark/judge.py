@@ -6,7 +6,7 @@
   nats of KL; draft tokens and accepted counts identical unless a near tie (top-2 log-prob margin
   below ``near_tie``) explains the first difference.
 * **floor**: statistical rules calibrated on the calibration prompt set (``python -m parity.dspark
-  calibrate``, file ``parity/thresholds/dspark-<config>.toml``, each rule's origin in its note).
+  calibrate``, file ``parity/thresholds/dspark/<checkpoint>.toml``, each rule's origin in its note).
   Without that file for the checkpoint the floor's probe checks are *not judged* (said, never passed).
 * **acceptance**: lossless speculation is exact (speculative tokens = plain greedy tokens of the same
   target, every pair); between pairs the mean acceptance lengths agree within 3 two-sample standard
@@ -85,7 +85,7 @@ def rules_name(source: Any) -> str:
 
 
 def rules_path(name: str) -> Path:
-    return Path(__file__).resolve().parent.parent / "thresholds" / f"dspark-{name}.toml"
+    return Path(__file__).resolve().parent.parent / "thresholds" / "dspark" / f"{name}.toml"
 
 
 def load_floor_rules(name: str, path: str | Path | None = None) -> tuple[dict[tuple[str, str, str, str], dict], str]:
@@ -239,7 +239,7 @@ def first_divergence(checks: list[Check], agg: pd.DataFrame, n_layers: int, stag
 
 
 def judge(result: DraftParityResult, rules_file: str | Path | None = None) -> DraftVerdict:
-    from .report import rows_frame
+    from .run import rows_frame
 
     spec = result.spec
     c = spec.source.config

@@ -4,16 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
-
 from .judge import DraftVerdict
 from .run import PAIRS, DraftParityResult
-
-
-def rows_frame(result: DraftParityResult) -> pd.DataFrame:
-    rows = [r for run in result.columns.values() for r in run.rows]
-    cols = ["column", "mode", "prompt", "prompt_mode", "probe", "place", "component", "row", "metric", "value"]
-    return pd.DataFrame(rows, columns=cols)
 
 
 def acceptance_table(result: DraftParityResult) -> list[dict[str, Any]]:

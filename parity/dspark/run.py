@@ -135,6 +135,15 @@ def run_column(spec: DraftSpec, column: str, kernel: str | None, progress: Progr
     return run
 
 
+def rows_frame(result: DraftParityResult) -> Any:
+    """Every compared row of the run as a DataFrame (the judge aggregates it)."""
+    import pandas as pd
+
+    rows = [r for run in result.columns.values() for r in run.rows]
+    cols = ["column", "mode", "prompt", "prompt_mode", "probe", "place", "component", "row", "metric", "value"]
+    return pd.DataFrame(rows, columns=cols)
+
+
 def run_draft_parity(spec: DraftSpec, progress: Progress | None = None) -> DraftParityResult:
     """Run the requested columns (one at a time, both sides of a column loaded together)."""
     from ..threeway import resolve_kernel_backend

@@ -103,7 +103,7 @@ def test_cli_writes_a_summary_and_refuses_a_checkpoint_without_dspark(tmp_path: 
 
 
 def test_shipped_floor_rules_are_current(tmp_path: Path) -> None:
-    """parity/thresholds/dspark-tiny-dspark.toml is what calibration gives today (not a stale file)."""
+    """parity/thresholds/dspark/tiny-dspark.toml is what calibration gives today (not a stale file)."""
     from parity.dspark.judge import load_floor_rules, rules_path
 
     out = tmp_path / "r.toml"
