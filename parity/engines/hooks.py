@@ -2,7 +2,8 @@
 
 A table row is ``(probe, module path, "out" | "in", layout)``; :func:`layer_rows` expands per-layer
 rows (``{i}`` = the layer index, ``offset`` added to the probe's layer for stages that continue the
-layer numbering, as DSpark's do). :func:`capture` registers the hooks on any ``torch.nn.Module``
+layer numbering, as DSpark's do), :func:`fill_rows` fills placeholders such as ``{last}``.
+:func:`capture` registers the hooks on any ``torch.nn.Module``
 tree, runs the engine once through ``run()`` and returns ``{probe: tensor}`` on the CPU. A module the
 table names but the model lacks is one error naming the table and the engine version."""
 from __future__ import annotations
@@ -18,6 +19,11 @@ def layer_rows(suffixes: Sequence[Row], layers_path: str, n_layers: int, *, offs
     """Per-layer rows for layers 0..n-1 under ``layers_path`` ('' path = the layer itself)."""
     return [(f"layers.{i + offset}.{suffix}", f"{layers_path}.{i}" + (f".{path}" if path else ""), kind, layout)
             for i in range(n_layers) for suffix, path, kind, layout in suffixes]
+
+
+def fill_rows(rows: Sequence[Row], **names: int) -> list[Row]:
+    """Rows with ``{name}`` placeholders in their module paths filled in (``last`` = the last stage)."""
+    return [(probe, path.format(**names), kind, layout) for probe, path, kind, layout in rows]
 
 
 def capture(model: torch.nn.Module, rows: Sequence[Row], run: Callable[[], Any], *, table: str,

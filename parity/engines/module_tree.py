@@ -2,8 +2,11 @@
 
 ``python -m parity.engines.module_tree FILE.py [FILE.py ...] --package NAME==VERSION --out TREE.json``
 records, for every class in the files, the sub-modules its methods assign (``self.attn = Cls(...)``,
-``self.layers = make_layers(n, lambda prefix: Cls(...))``, ``nn.ModuleList([Cls(...) ...])``) and the
-sha256 of each file. Engines that cannot be installed on these machines (vLLM, SGLang: CUDA
+``self.layers = make_layers(n, lambda prefix: Cls(...))``, ``nn.ModuleList([Cls(...) ...])``), the
+builder methods that return one class (``def _build_attn(self): return Cls(...)``: a sub-class that
+overrides the builder holds another class under the same name), the module-level aliases
+(``Layer = CudaLayer if _is_cuda else CpuLayer``: the first is the CUDA choice) and the sha256 of each
+file. :func:`resolve_path` walks a dotted module path through the tree. Engines that cannot be installed on these machines (vLLM, SGLang: CUDA
 builds) are checked this way: a probe table (``vllm_map.py``) must resolve, attribute by attribute,
 in the tree of the pinned version (tests/parity/test_engine_maps.py). Facts only: names and the
 classes they hold, no code."""
@@ -46,6 +49,30 @@ def _held(node: ast.AST) -> tuple[str | None, bool]:
     return name, False
 
 
+def _builders(cls: ast.ClassDef) -> dict[str, str]:
+    """Methods of the class whose every return is one capitalized class's call."""
+    out = {}
+    for fn in cls.body:
+        if isinstance(fn, ast.FunctionDef):
+            made = {_callee(r.value) for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None}
+            if len(made) == 1 and (name := made.pop()) and name[0].isupper():
+                out[fn.name] = name
+    return out
+
+
+def aliases_of(source: str) -> dict[str, list[str]]:
+    """Module-level ``Name = Cls`` / ``Name = A if cond else B`` of classes (in source order)."""
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            v = node.value
+            picks = [v.body, v.orelse] if isinstance(v, ast.IfExp) else [v]
+            names = [x.id for x in picks if isinstance(x, ast.Name) and x.id[0].isupper()]
+            if names and len(names) == len(picks):
+                out[node.targets[0].id] = names
+    return out
+
+
 def classes_of(source: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for cls in (n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef)):
@@ -64,19 +91,63 @@ def classes_of(source: str) -> dict[str, dict[str, Any]]:
                     entry = attrs.setdefault(t.attr, {"classes": [], "list": is_list})
                     if held not in entry["classes"]:
                         entry["classes"].append(held)
-        out[cls.name] = {"bases": [ast.unparse(b) for b in cls.bases], "attrs": attrs}
+        out[cls.name] = {"bases": [ast.unparse(b) for b in cls.bases], "attrs": attrs, "builders": _builders(cls)}
     return out
+
+
+def _mro(tree: dict[str, Any], cls: str) -> list[str]:
+    """The class and its bases known to the tree, depth first (enough for these trees' mixins)."""
+    seen: list[str] = []
+    todo = [cls]
+    while todo:
+        c = todo.pop(0)
+        if c in tree["classes"] and c not in seen:
+            seen.append(c)
+            todo[:0] = [b.split(".")[-1] for b in tree["classes"][c]["bases"]]
+    return seen
+
+
+def resolve_path(tree: dict[str, Any], root: str, path: str, factories: dict[str, str] | None = None) -> str:
+    """The class held at ``path`` (dots; a digit steps into a list) under class ``root``.
+
+    An attribute is looked up through the class's bases; a builder call (``self._build_x``) is
+    resolved on the class that holds the attribute (an override wins), an alias takes its first
+    (CUDA) class, and ``factories`` names the class of a factory the source does not spell out.
+    Raises ``LookupError`` naming the step that does not resolve."""
+    factories = factories or {}
+    aliases = tree.get("aliases", {})
+    cls = root
+    for step in path.split("."):
+        if step.isdigit():
+            continue
+        mro = _mro(tree, cls)
+        entry = next((tree["classes"][c]["attrs"][step] for c in mro if step in tree["classes"][c]["attrs"]), None)
+        if entry is None:
+            raise LookupError(f"{cls} (bases {mro[1:]}) has no sub-module {step!r} (path {path})")
+        held = []
+        for c in entry["classes"]:
+            if c.startswith("self.") and c[5:] not in factories:
+                c = next((tree["classes"][m]["builders"][c[5:]] for m in mro
+                          if c[5:] in tree["classes"][m].get("builders", {})), c)
+            c = factories.get(c, c)
+            held.append(aliases.get(c, [c])[0])
+        known = [c for c in held if c in tree["classes"]]
+        cls = known[0] if known else held[0]
+    return cls
 
 
 def build_tree(files: list[Path], package: str, root: Path) -> dict[str, Any]:
     classes: dict[str, Any] = {}
+    aliases: dict[str, list[str]] = {}
     sources = {}
     for f in files:
         text = f.read_text(encoding="utf-8")
         sources[str(f.resolve().relative_to(root.resolve()))] = hashlib.sha256(text.encode()).hexdigest()
         for name, c in classes_of(text).items():
             classes.setdefault(name, c)
-    return {"package": package, "files": sources, "classes": classes}
+        for name, a in aliases_of(text).items():
+            aliases.setdefault(name, a)
+    return {"package": package, "files": sources, "classes": classes, "aliases": aliases}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,9 @@ from __future__ import annotations
 VERSION = "0.33.0"
 TREE = f"trees/vllm-{VERSION}.json"
 ROOT = "DeepseekV4ForCausalLM"
+LAYERS_PATH = "model.layers"
 DSPARK_ROOT = "DSparkDeepseekV4ForCausalLM"
+DSPARK_LAYERS_PATH = "model.layers"
 # Sub-modules the source builds through a factory; the class each factory returns there
 # (nvidia/model.py: ``self.model = self.model_cls(...)`` with ``model_cls = DeepseekV4Model``;
 # ``_select_dsv4_attn_cls`` returns a DeepseekV4Attention subclass for the configured backend).
