@@ -598,6 +598,9 @@ PRESETS = {
     # The tiny model with a DSpark draft (three window-only stages after its four layers; random
     # weights): the synthetic 0731 flavor that draft parity runs on (docs/dspark.md).
     "tiny-dspark": lambda: with_dspark(_tiny()),
+    # The trained tiny model in its 0731 form with a trained draft (dsv4.checkpoint.builtin): the
+    # default of draft parity (docs/trained-model.md).
+    "tiny-trained-dspark": lambda: _trained_config("tiny-trained-dspark"),
     # The July/August releases with their DSpark draft (config-only, like flash and pro).
     "flash-0731": lambda: with_dspark(_flash()),
     "pro-0813": lambda: with_dspark(_pro()),

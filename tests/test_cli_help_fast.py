@@ -10,7 +10,7 @@ import pytest
 
 CLIS = ["parity.first_token", "parity.bugzoo", "parity.audit", "parity.check", "parity.decode",
         "parity.compare_dumps", "parity.dumps", "parity.calibrate", "parity.dspark", "precision_floor.flips",
-        "precision_floor.search", "precision_floor.report", "precision_floor.attribution",
+        "precision_floor.search", "precision_floor.draft_floor", "precision_floor.report", "precision_floor.attribution",
         "dsv4.checkpoint.synth", "dsv4.checkpoint.verify", "dsv4.checkpoint.sparse",
         "dsv4.kernels.compile_check", "dsv4.decode.readiness"]
 HEAVY = ("torch", "pandas", "numpy", "safetensors", "cutlass")

@@ -2,7 +2,7 @@
 
 Unlike the synthetic presets these have one set of weights (no seeds), trained by
 ``python -m reference.training`` (provenance.json beside them). Each is shipped in the official
-FP8 + MXFP4 layout and in its NVFP4 form written by ``python -m dsv4.checkpoint.convert``; other
+FP8 + MXFP4 layout (the 0731 one for a model with a draft) and in its NVFP4 form written by ``python -m dsv4.checkpoint.convert``; other
 layouts are one convert call away. Compute-free: the reference resolves these names too."""
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
 # form, which the native model runs, carries the model's own name)
 TRAINED: dict[str, dict[str, str]] = {
     "tiny-trained": {"nvidia-nvfp4": "tiny-trained", "official": "tiny-trained-official"},
+    # its 0731 form: the same target weights with a DSpark draft trained against it
+    # (python -m reference.training.draft; docs/trained-model.md)
+    "tiny-trained-dspark": {"nvidia-nvfp4": "tiny-trained-dspark", "official-dspark": "tiny-trained-dspark-official"},
 }
 DEFAULT_CHECKPOINT = "tiny-trained"   # what every CLI runs when --checkpoint is not given
 
@@ -39,6 +42,11 @@ def provenance_path(name: str) -> Path:
     return MODELS_DIR / f"{name}.provenance.json"
 
 
+def official_path(name: str) -> Path:
+    """The directory of a trained built-in in the layout training wrote (official, or official-dspark)."""
+    return MODELS_DIR / next(d for layout, d in TRAINED[name].items() if layout.startswith("official"))
+
+
 def trained_path(name: str, flavor: str = "nvidia-nvfp4", seed: int = 0) -> Path:
     """The shipped directory of a trained built-in in one layout."""
     if name not in TRAINED:
@@ -48,7 +56,7 @@ def trained_path(name: str, flavor: str = "nvidia-nvfp4", seed: int = 0) -> Path
                               f"{seed} (seeds select the synthetic presets' weights)")
     if flavor not in TRAINED[name]:
         raise CheckpointError(f"checkpoint {name!r}: shipped as {', '.join(TRAINED[name])}, not {flavor!r}; write "
-                              f"that layout with `python -m dsv4.checkpoint.convert {MODELS_DIR / TRAINED[name]['official']} "
+                              f"that layout with `python -m dsv4.checkpoint.convert {official_path(name)} "
                               f"--flavor {flavor} --out DIR`")
     path = MODELS_DIR / TRAINED[name][flavor]
     if not (path / "config.json").is_file():

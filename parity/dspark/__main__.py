@@ -15,13 +15,13 @@ import sys
 import time
 from typing import Any, Sequence
 
-DEFAULT_CHECKPOINT = "tiny-dspark"
+DEFAULT_CHECKPOINT = "tiny-trained-dspark"
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
-                   help=f"a DSpark checkpoint directory or preset (default {DEFAULT_CHECKPOINT}: the tiny model "
-                        f"with a three-stage draft, random weights)")
+                   help=f"a DSpark checkpoint directory or preset (default {DEFAULT_CHECKPOINT}: the trained tiny "
+                        f"target with its trained three-stage draft; tiny-dspark: random weights)")
     p.add_argument("--seed", type=int, default=0, help="synthetic seed of a tiny preset")
     p.add_argument("--plan", default="default", help="plan preset or TOML (its draft_* classes plan the draft)")
     p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: best available)")

@@ -27,30 +27,44 @@ from .run import _git, _log, _stream
 
 
 def _trunk_values(reader):
-    from dsv4.checkpoint.formats import DENSE, HASH, RAW
-    from dsv4.weights import dequantize
+    from ..dequant import dequantize
 
-    def values(spec):
-        sw = reader.weight(spec.full_name)
-        if sw.fmt.kind == HASH:
-            return sw.tensors["weight"].to(torch.int64).numpy()
-        if sw.fmt.kind in (DENSE, RAW):
-            return sw.tensors["weight"].to(torch.float32).numpy()
-        return dequantize(sw).numpy()
-    return values
+    return lambda spec: dequantize(reader.weight(spec.full_name)).numpy()
+
+
+def _with_stored_target(tensors: dict, src: Path) -> dict:
+    """The target's tensors exactly as tiny-trained stores them: re-encoding their dequantized values
+    would pick other FP8 block scales for some blocks, i.e. another target than the draft learned."""
+    from safetensors import safe_open
+
+    with safe_open(src / "model.safetensors", "pt") as f:
+        stored = {k: f.get_tensor(k) for k in f.keys()}
+    missing = set(stored) - set(tensors)
+    if missing:
+        raise ValueError(f"the 0731 layout names the target's tensors as tiny-trained does: expected them all, "
+                         f"missing {sorted(missing)[:3]}")
+    return {**tensors, **stored}
+
+
+def _standard_prompts() -> list[dict]:
+    """The standard prompt set read as data: the reference may not import dsv4.prompts (design
+    principle 2); the set's validation is dsv4.prompts' job and its tests'."""
+    import tomllib
+    from importlib import resources
+
+    return tomllib.loads(resources.files("dsv4").joinpath("data", "prompts.toml").read_text("utf-8"))["prompts"]
 
 
 def measure_acceptance(checkpoint: Path, n_tokens: int = 32) -> dict:
     """Greedy speculation of the reference (fp32) on the standard prompts of both modes: mean τ and
     the per-position acceptance rate, with the losslessness check on each prompt."""
     from dsv4.encoding import encode_messages
-    from dsv4.prompts import load_prompt_set
 
     model = load_model(checkpoint, dtype=torch.float32)
     ds, tok = DSparkReference(model), load_tokenizer(checkpoint)
     acc, lossless = [], True
-    for p in load_prompt_set():
-        ids = torch.tensor(tok.encode(encode_messages([dict(m) for m in p.messages], thinking_mode=p.mode),
+    for p in _standard_prompts():
+        ids = torch.tensor(tok.encode(encode_messages([dict(m) for m in p["messages"]], thinking_mode=p["mode"]),
                                       max_id=model.config.vocab_size - 1))
         res = ds.generate(ids, n_tokens)
         logits, st = model.prefill(ids)
@@ -94,8 +108,8 @@ def run_draft_training(a) -> int:
     minutes = (time.time() - t0) / 60
     ckpt = out / "official"
     params = {n: p.detach().float().numpy() for n, p in weights.parameters()}
-    write_checkpoint(ckpt, c, build_tensors(c, FLAVOR, values=lambda s_: params[s_.full_name]
-                                            if s_.mtp is not None else trunk(s_)), FLAVOR, tokenizer=tok)
+    tensors = build_tensors(c, FLAVOR, values=lambda s_: params[s_.full_name] if s_.mtp is not None else trunk(s_))
+    write_checkpoint(ckpt, c, _with_stored_target(tensors, src), FLAVOR, tokenizer=tok)
     _log(f"wrote {ckpt}; measuring greedy acceptance on the standard prompts")
     acceptance = measure_acceptance(ckpt)
     _log(f"mean τ {acceptance['mean_tau']:.3f}, per position {acceptance['position_rates']}, "

@@ -102,15 +102,16 @@ def test_cli_writes_a_summary_and_refuses_a_checkpoint_without_dspark(tmp_path: 
     assert main(["--columns", "logic,nope"], console=con) == 2
 
 
-def test_shipped_floor_rules_are_current(tmp_path: Path) -> None:
-    """parity/thresholds/dspark/tiny-dspark.toml is what calibration gives today (not a stale file)."""
+@pytest.mark.parametrize("checkpoint", ["tiny-dspark", "tiny-trained-dspark"])
+def test_shipped_floor_rules_are_current(tmp_path: Path, checkpoint: str) -> None:
+    """parity/thresholds/dspark/<checkpoint>.toml is what calibration gives today (not a stale file)."""
     from parity.dspark.judge import load_floor_rules, rules_path
 
     out = tmp_path / "r.toml"
     con, buf = _console()
-    assert main(["calibrate", "--out", str(out)], console=con) == 0, buf.getvalue()
+    assert main(["calibrate", "--checkpoint", checkpoint, "--out", str(out)], console=con) == 0, buf.getvalue()
     fresh, fresh_plan = load_floor_rules("x", out)
-    shipped, shipped_plan = load_floor_rules("tiny-dspark", rules_path("tiny-dspark"))
+    shipped, shipped_plan = load_floor_rules(checkpoint, rules_path(checkpoint))
     assert fresh_plan == shipped_plan == "default/frozen" and fresh.keys() == shipped.keys()
     for k, r in fresh.items():
         assert r["bound"] == pytest.approx(shipped[k]["bound"], rel=1e-6, abs=1e-12), k
