@@ -16,16 +16,20 @@ import time
 from typing import Any, Sequence
 
 DEFAULT_CHECKPOINT = "tiny-trained-dspark"
+CALIBRATION_SET = "prompts_calibration.toml"
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT,
+def _common(p: argparse.ArgumentParser, subcommand: bool = False) -> None:
+    # On a subcommand the defaults are suppressed: argparse would otherwise overwrite an option given
+    # before the subcommand (``--checkpoint X calibrate``) with the subcommand's default.
+    d = (lambda v: argparse.SUPPRESS) if subcommand else (lambda v: v)
+    p.add_argument("--checkpoint", default=d(DEFAULT_CHECKPOINT),
                    help=f"a DSpark checkpoint directory or preset (default {DEFAULT_CHECKPOINT}: the trained tiny "
                         f"target with its trained three-stage draft; tiny-dspark: random weights)")
-    p.add_argument("--seed", type=int, default=0, help="synthetic seed of a tiny preset")
-    p.add_argument("--plan", default="default", help="plan preset or TOML (its draft_* classes plan the draft)")
-    p.add_argument("--device", default=None, help="cpu or cuda[:N] (default: best available)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=d(0), help="synthetic seed of a tiny preset")
+    p.add_argument("--plan", default=d("default"), help="plan preset or TOML (its draft_* classes plan the draft)")
+    p.add_argument("--device", default=d(None), help="cpu or cuda[:N] (default: best available)")
+    p.add_argument("--threads", type=int, default=d(None), help="torch CPU threads")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,16 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rules", default=None, help="floor rules TOML (default parity/thresholds/dspark/<checkpoint>.toml)")
     p.add_argument("--json", default=None, help="write a JSON summary here")
     z = sub.add_parser("zoo", help="every DSpark fault of the bug zoo through draft parity (caught, localized, cost)")
-    _common(z)
-    z.add_argument("--mode", choices=("chat", "thinking"), default="chat")
-    z.add_argument("--prompt", action="append", help="prompt id of the set or free text (repeatable)")
-    z.add_argument("--prompt-set", default=None, help="a prompts TOML other than dsv4/data/prompts.toml")
+    _common(z, subcommand=True)
+    S = argparse.SUPPRESS   # the parent's value stands unless given after the subcommand (see _common)
+    z.add_argument("--mode", choices=("chat", "thinking"), default=S)
+    z.add_argument("--prompt", action="append", default=S, help="prompt id of the set or free text (repeatable)")
+    z.add_argument("--prompt-set", default=S, help="a prompts TOML other than dsv4/data/prompts.toml")
     z.add_argument("--fault", action="append", help="a DSpark fault name (repeatable; default all)")
-    z.add_argument("--tokens", type=int, default=32, help="tokens per prompt of each speculative pair")
-    z.add_argument("--rules", default=None, help="floor rules TOML")
+    z.add_argument("--tokens", type=int, default=S, help="tokens per prompt of each speculative pair (default 32)")
+    z.add_argument("--rules", default=S, help="floor rules TOML")
     c = sub.add_parser("calibrate", help="write the floor rules of a checkpoint from the calibration prompts")
-    _common(c)
-    c.add_argument("--prompt-set", default="prompts_calibration.toml", help="calibration prompt set")
+    _common(c, subcommand=True)
+    c.add_argument("--prompt-set", default=S, help=f"calibration prompt set (default {CALIBRATION_SET})")
     c.add_argument("--out", default=None, help="default parity/thresholds/dspark/<checkpoint>.toml")
     return p
 
@@ -118,18 +123,25 @@ def main(argv: Sequence[str] | None = None, console: Any = None) -> int:
         device = parse_device(args.device)
         plan = resolve_run_plan(args.plan, args.checkpoint)
         src = _source(args, device)
+        prompt_set = shipped_prompt_set(args.prompt_set or CALIBRATION_SET)
         prompts = [p for mode in ("chat", "thinking")
-                   for p in encode_prompts(select_prompts(mode, None, shipped_prompt_set(args.prompt_set)), src.tokenizer,
+                   for p in encode_prompts(select_prompts(mode, None, prompt_set), src.tokenizer,
                                            src.config.vocab_size)]
+        import torch
+
+        from .run import DraftSpec
+
         rules = run_calibration(src, prompts, plan, device, _progress)
         out = Path(args.out) if args.out else rules_path(rules_name(src))
         header = (f"DSpark draft-parity floor rules for {src.spec} (fingerprint {src.fingerprint[:12]}), plan "
                   f"{plan.name}.\nWritten by `python -m parity.dspark calibrate` at {code_version()} from "
-                  f"{len(prompts)} prompts of {Path(args.prompt_set).name} (chat and thinking), reference profiles "
+                  f"{len(prompts)} prompts of {prompt_set.name} (chat and thinking), reference profiles "
                   f"bf16 and official, compare modes propagated and isolated.\nMargins: errors x{MARGIN:g} "
                   f"(per-row maxima x{ROW_MARGIN:g}), "
-                  f"cosine 1 - {MARGIN:g}(1 - worst), rates mean - 3 SE - 0.02 (parity/dspark/calibrate.py).")
-        from .run import DraftSpec
+                  f"cosine 1 - {MARGIN:g}(1 - worst), rates mean - 3 two-sample SE (at the judged count) - 0.02 (parity/dspark/calibrate.py);\n"
+                  f"top-1 agreement without rows whose anchor top-2 margin is below {DraftSpec.floor_near_tie:g} "
+                  f"nats (the trunk floor's near_tie_logprob). Torch threads: {torch.get_num_threads()} "
+                  f"(the summation order of the BF16 sides).")
 
         out.write_text(to_toml(rules, header, plan.name, DraftSpec.act_scale), encoding="utf-8")
         console.print(f"wrote {len(rules)} rules to {out}")

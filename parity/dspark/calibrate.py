@@ -7,15 +7,18 @@ Per (profile, compare mode, probe, metric), over prompts and block rows:
   the per-row ones (KL, confidence |Δ|), extreme values over every block row (the trunk rules'
   extra × 2 for maxima over tokens);
 * cosine: bound = 1 − 2·(1 − worst);
-* rates (top-1 agreement without near ties, top-5 overlap, expert selection): bound = mean − 3
-  binomial standard errors at the calibration count − 0.02 (one flip in fifty), at least 0.
+* rates (top-1 agreement without near ties, top-5 overlap, expert selection): the calibration mean
+  and count are written; the judge sets the bound for the judged sample's own count n (``rate_bound``):
+  mean − 3 two-sample standard errors − 0.02 (one flip in fifty), at least 0. The variance is the
+  binomial p̃(1 − p̃) with p̃ = (mean·N + 1)/(N + 2) (never 0 after N rows without a miss; for the
+  top-5 overlap, a fraction per row, an upper bound of its variance).
 Each rule's note says its worst value, where it was seen and the margin."""
 from __future__ import annotations
 
 import math
 from typing import Any, Callable, Sequence
 
-from .judge import RATE_METRICS, aggregate
+from .judge import RATE_METRICS, aggregate, rate_bound
 from .run import DraftSpec, rows_frame, run_draft_parity
 
 PROFILES = ("bf16", "official")
@@ -29,10 +32,11 @@ def rules_from(agg: Any, profile: str, n_prompts: int) -> list[dict[str, Any]]:
     for r in agg.itertuples():
         if r.metric in ("shape_mismatch", "nonfinite"):
             continue
+        extra: dict[str, Any] = {}
         if r.metric in RATE_METRICS:
-            se = math.sqrt(max(r.value * (1 - r.value), 0.0) / max(r.n, 1))
-            bound, direction = max(r.value - 3 * se - 0.02, 0.0), "min"
-            note = f"mean {r.value:.4g} over {r.n} rows of {n_prompts} calibration prompts - 3 SE - 0.02"
+            bound, direction = rate_bound(r.value, r.n, r.n), "min"
+            note = f"mean {r.value:.4g} over {r.n} rows of {n_prompts} calibration prompts - 3 SE(two-sample) - 0.02"
+            extra = {"mean": float(r.value), "n": int(r.n)}
         elif r.metric == "cosine":
             bound, direction = 1 - MARGIN * (1 - r.value), "min"
             note = f"worst {r.value:.6g} (prompt {r.prompt}) over {n_prompts} calibration prompts, 1 - {MARGIN:g}(1 - worst)"
@@ -41,7 +45,7 @@ def rules_from(agg: Any, profile: str, n_prompts: int) -> list[dict[str, Any]]:
             bound, direction = r.value * m, "max"
             note = f"worst {r.value:.4g} (prompt {r.prompt}) over {n_prompts} calibration prompts x {m:g}"
         out.append({"profile": profile, "mode": r.mode, "probe": r.probe, "metric": r.metric, "direction": direction,
-                    "bound": float(bound), "note": note})
+                    "bound": float(bound), "note": note, **extra})
     return out
 
 
@@ -49,13 +53,13 @@ def to_toml(rules: list[dict[str, Any]], header: str, plan: str, act_scale: str)
     lines = [f"# {h}" if h else "#" for h in header.splitlines()]
     lines += ["", f"plan = {_val(plan)}", f"act_scale = {_val(act_scale)}", ""]
     for r in rules:
-        lines += ["[[rule]]"] + [f"{k} = {_val(r[k])}" for k in ("profile", "mode", "probe", "metric", "direction",
-                                                                "bound", "note")] + [""]
+        keys = ("profile", "mode", "probe", "metric", "direction", "bound", "mean", "n", "note")
+        lines += ["[[rule]]"] + [f"{k} = {_val(r[k])}" for k in keys if k in r] + [""]
     return "\n".join(lines)
 
 
 def _val(v: Any) -> str:
-    if isinstance(v, float):
+    if isinstance(v, (float, int)) and not isinstance(v, bool):
         return repr(v)
     return "'" + str(v).replace("'", "’") + "'"
 

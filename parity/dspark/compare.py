@@ -12,18 +12,26 @@ row compares like with like. Measured:
 * per block row, the draft logits before (``dspark.base_logits``) and after (``dspark.logits``) the
   Markov correction: KL(anchor || test) in nats, top-1 agreement (a row whose anchor top-2 margin is
   below the near-tie threshold is marked ``near_tie`` and forgiven), top-5 overlap;
-* per row the confidence: |Δ| of the raw logits."""
+* per row the confidence: |Δ| of the raw logits;
+* each stage's expert choice: the share of block rows whose expert set agrees, a row whose set
+  flipped at a near tie of the anchor's selection scores (relative cut margin below ``router_tie``,
+  parity.selection) counted as agreeing and left out of the probes after the choice in that stage
+  (router weights, routed experts, ffn and stage output: per-row functions of the row's choice),
+  as the trunk's isolated comparison does. Later stages see the flip (their attention mixes rows).
+  Router weights are compared per expert id ([rows, experts], zero where unchosen): the top-k order
+  of two equal sets may differ, and position-wise they would compare different experts."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
 from dsv4.probes import DRAFT_LAYER_PROBES, DRAFT_PROBES, LAYER_PROBES, ProbeRecorder, draft_class
 
 from ..metrics import cosine, rel_diff
+from ..selection import router_tie_flips
 from .sides import Side
 
 ROW_PROBES = ("dspark.base_logits", "dspark.logits")
@@ -31,6 +39,8 @@ TOPK = 5
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _SUFFIX_CLASS = {**dict(LAYER_PROBES), **dict(DRAFT_LAYER_PROBES)}
 _GLOBAL_CLASS = dict(DRAFT_PROBES)
+AFTER_CHOICE = ("ffn.router.weights", "ffn.routed.out", "ffn.out", "out")   # per-row functions of the choice
+RouterBias = Callable[[int], "torch.Tensor | None"]   # stage -> its selection-only bias
 
 
 @dataclass
@@ -100,10 +110,24 @@ def row_metrics(a: torch.Tensor, b: torch.Tensor, near_tie: float) -> Iterator[t
         yield r, "topk_overlap", len(set(top_a[r].tolist()) & set(top_b[r].tolist())) / TOPK
 
 
+def _expert_sets_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.sort(dim=-1).values != b.sort(dim=-1).values).any(dim=-1)
+
+
+def _by_expert(ids: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
+    """[rows, k] weights of [rows, k] expert ids -> [rows, n] (the top-k order dropped)."""
+    out = torch.zeros(ids.shape[0], n, dtype=torch.float64)
+    return out.scatter_add_(1, ids.to(torch.int64), w.double())
+
+
 def compare_captures(anchor: DraftCapture, test: DraftCapture, *, n_layers: int, stages: int,
-                     near_tie: float) -> list[dict[str, Any]]:
-    """Rows ``{probe, place, component, row, metric, value}`` (row -1: the whole tensor)."""
+                     near_tie: float, router_tie: float = 0.0,
+                     router_bias: RouterBias | None = None) -> list[dict[str, Any]]:
+    """Rows ``{probe, place, component, row, metric, value}`` (row -1: the whole tensor).
+    ``router_tie`` 0 forgives no flip (logic: exact); ``router_bias(stage)`` the anchor's bias."""
     out: list[dict[str, Any]] = []
+    tied: dict[int, torch.Tensor] = {}   # stage layer -> block rows whose choice flipped at a near tie
+    n_experts = None
 
     def add(probe: str, row: int, metric: str, value: float) -> None:
         place, comp = where_of(probe, n_layers)
@@ -119,9 +143,31 @@ def compare_captures(anchor: DraftCapture, test: DraftCapture, *, n_layers: int,
         if not torch.isfinite(b.float()).all():
             add(name, -1, "nonfinite", 1.0)
             continue
+        m = _LAYER.match(name)
         if name.endswith("topk_ids"):
-            add(name, -1, "selection_agree", float((a == b).float().mean()))
+            layer = int(m.group(1)) if m else -1
+            a_logits = anchor.probes.get(name.replace("topk_ids", "logits"))
+            ties = torch.zeros(a.shape[0], dtype=torch.bool)
+            if router_tie > 0 and a_logits is not None and m:
+                bias = router_bias(layer - n_layers) if router_bias is not None else None
+                ties = router_tie_flips(a, b, a_logits, bias, router_tie)
+            tied[layer] = ties
+            if a_logits is not None:
+                n_experts = int(a_logits.shape[-1])
+            add(name, -1, "selection_agree", float((~_expert_sets_differ(a, b) | ties).double().mean()))
             continue
+        if m and m.group(2) == "ffn.router.weights":
+            ids = name.replace("weights", "topk_ids")
+            ia, ib = anchor.probes.get(ids), test.probes.get(ids)
+            if ia is not None and ib is not None and ia.shape == a.shape == ib.shape and ia.numel() \
+                    and int(min(ia.min(), ib.min())) >= 0:
+                n = max(n_experts or 0, int(max(ia.max(), ib.max())) + 1)
+                a, b = _by_expert(ia, a, n), _by_expert(ib, b, n)
+        if m and m.group(2) in AFTER_CHOICE and int(m.group(1)) in tied and bool(tied[int(m.group(1))].any()):
+            keep = ~tied[int(m.group(1))]
+            if not bool(keep.any()):
+                continue
+            a, b = a[keep], b[keep]
         if name == "dspark.confidence":
             for r in range(a.shape[0]):
                 add(name, r, "abs_diff", float((a[r].double() - b[r].double()).abs()))

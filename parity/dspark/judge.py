@@ -125,6 +125,14 @@ def aggregate(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def rate_bound(mean: float, n_cal: int, n: int) -> float:
+    """Lower bound of a rate over ``n`` judged rows given its calibration ``mean`` over ``n_cal``:
+    mean - 3 two-sample standard errors - 0.02, at least 0 (parity/dspark/calibrate.py says why)."""
+    p = (mean * n_cal + 1) / (n_cal + 2)
+    se = math.sqrt(p * (1 - p) * (1 / max(n_cal, 1) + 1 / max(n, 1)))
+    return max(mean - 3 * se - 0.02, 0.0)
+
+
 def _ok(direction: str, value: float, bound: float) -> bool:
     return (value <= bound) if direction == "max" else (value >= bound)
 
@@ -143,6 +151,9 @@ def _probe_checks(agg: pd.DataFrame, column: str, rules: dict, profile: str) -> 
             if rule is None:
                 continue
             direction, bound, origin = rule["direction"], float(rule["bound"]), rule["note"]
+            if "mean" in rule:   # a rate: its bound is set for this sample's count
+                bound = rate_bound(float(rule["mean"]), int(rule["n"]), int(r.n))
+                origin = f"{origin} (judged over {r.n})"
         checks.append(Check(column, r.metric, where, r.value, bound, origin, _ok(direction, r.value, bound),
                             r.place, r.component))
     if column == "floor" and not rules:

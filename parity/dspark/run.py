@@ -20,6 +20,8 @@ import torch
 from dsv4.plan import PrecisionPlan
 
 from ..inputs import EncodedPrompt
+from ..logits_stats import DEFAULT_NEAR_TIE
+from ..selection import DEFAULT_ROUTER_TIE
 from ..source import CheckpointSource
 from .compare import capture, compare_captures
 from .loop import Speculation, greedy, speculate
@@ -41,7 +43,13 @@ class DraftSpec:
     device: str = "cpu"
     device_map: Mapping[Any, str] | None = None
     n_tokens: int = 32
-    near_tie: float = 1e-3
+    near_tie: float = 1e-3          # logic and bug-budget rows, and every speculative loop (FP32-scale ties)
+    # floor rows: the trunk floor's near_tie_logprob (parity/thresholds/*.toml): BF16-vs-NVFP4 noise
+    # moves near-flat rows' argmax (seen on the trained draft's last block rows, KL ~2e-3 nats)
+    floor_near_tie: float = DEFAULT_NEAR_TIE
+    # floor stages' expert choice: the trunk's router tie margin (parity.selection: BF16-noise flips
+    # had relative cut margins up to ~7e-3, NVFP4 ones reach 0.3); logic forgives no flip
+    floor_router_tie: float = DEFAULT_ROUTER_TIE
     act_scale: str = "frozen"   # the native sides' activation-scale policy (sides.native_side says why)
     columns: Sequence[str] = COLUMNS
     # tests and the bug zoo replace how a side is built (e.g. a native side with a fault patched in)
@@ -89,12 +97,19 @@ def _build_side(kind: str, path: str, **kw: Any) -> Side:
     return reference_side(path, **kw) if kind == "reference" else native_side(path, **kw)
 
 
+def _stage_bias(source: CheckpointSource) -> Callable[[int], torch.Tensor]:
+    """The stored selection-only bias of draft stage s (the anchor sides use it as stored)."""
+    return lambda s: source.reader.weight(f"mtp.{s}.ffn.gate.bias").tensors["weight"]
+
+
 def run_column(spec: DraftSpec, column: str, kernel: str | None, progress: Progress) -> ColumnRun:
     make_anchor, make_test = _sides(spec, column, kernel)
+    stage_bias = _stage_bias(spec.source)
     progress(f"{column}: loading both sides")
     anchor, test = make_anchor(), make_test()
     run = ColumnRun(column, anchor.label, test.label, True)
     c = spec.source.config
+    floor = column == "floor"
     auditor = None
     if column == "bug_budget":
         from ..audit import CallAuditor, audit_weights
@@ -115,7 +130,9 @@ def run_column(spec: DraftSpec, column: str, kernel: str | None, progress: Progr
                                          forced=a.tokens)}
             for mode, t in tests.items():
                 for row in compare_captures(a, t, n_layers=c.num_hidden_layers, stages=c.dspark_stages,
-                                            near_tie=spec.near_tie):
+                                            near_tie=spec.floor_near_tie if floor else spec.near_tie,
+                                            router_tie=spec.floor_router_tie if floor else 0.0,
+                                            router_bias=stage_bias):
                     run.rows.append({"column": column, "mode": mode, "prompt": p.id, "prompt_mode": p.mode, **row})
             if spec.n_tokens <= 0:   # calibration: the draft calls only
                 continue

@@ -104,12 +104,13 @@ def test_cli_writes_a_summary_and_refuses_a_checkpoint_without_dspark(tmp_path: 
 
 @pytest.mark.parametrize("checkpoint", ["tiny-dspark", "tiny-trained-dspark"])
 def test_shipped_floor_rules_are_current(tmp_path: Path, checkpoint: str) -> None:
-    """parity/thresholds/dspark/<checkpoint>.toml is what calibration gives today (not a stale file)."""
+    """parity/thresholds/dspark/<checkpoint>.toml is what calibration gives today (not a stale file).
+    One thread, as the shipped files were written: BF16 sums in another order move bounds by ~1 %."""
     from parity.dspark.judge import load_floor_rules, rules_path
 
     out = tmp_path / "r.toml"
     con, buf = _console()
-    assert main(["calibrate", "--checkpoint", checkpoint, "--out", str(out)], console=con) == 0, buf.getvalue()
+    assert main(["calibrate", "--checkpoint", checkpoint, "--threads", "1", "--out", str(out)], console=con) == 0, buf.getvalue()
     fresh, fresh_plan = load_floor_rules("x", out)
     shipped, shipped_plan = load_floor_rules(checkpoint, rules_path(checkpoint))
     assert fresh_plan == shipped_plan == "default/frozen" and fresh.keys() == shipped.keys()
