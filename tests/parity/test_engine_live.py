@@ -4,6 +4,7 @@ stand-ins of the engines' own plugin entry points (vLLM's ModelRegistry, SGLang'
 whose signatures were read from vLLM 0.33.0 / SGLang 0.5.23 (docs/engines.md)."""
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import types
@@ -187,6 +188,8 @@ def test_vllm_plugin_registers_a_lazy_subclass_of_vllms_class_that_dumps(tmp_pat
     mod, cls_name = name.split(":")
     cls = getattr(sys.modules[mod], cls_name)             # what vLLM's lazy loader does
     assert issubclass(cls, Base)
+    # what vLLM's loader checks before it calls cls(vllm_config=..., prefix=...) (initialize_model)
+    assert {"vllm_config", "prefix"} <= set(inspect.signature(cls.__init__).parameters)
     m = cls(vllm_config=None, prefix="")
     with torch.no_grad():
         m.compute_logits(m(torch.arange(6), torch.arange(6)))
