@@ -12,7 +12,8 @@ CLIS = ["parity.first_token", "parity.bugzoo", "parity.audit", "parity.check", "
         "parity.compare_dumps", "parity.dumps", "parity.calibrate", "parity.dspark", "precision_floor.flips",
         "precision_floor.search", "precision_floor.draft_floor", "precision_floor.report", "precision_floor.attribution",
         "dsv4.checkpoint.synth", "dsv4.checkpoint.verify", "dsv4.checkpoint.sparse",
-        "dsv4.kernels.compile_check", "dsv4.decode.readiness"]
+        "dsv4.kernels.compile_check", "dsv4.decode.readiness", "dsv4.checkpoint.convert",
+        "parity.engines.module_tree", "reference.training", "reference.training.draft"]
 HEAVY = ("torch", "pandas", "numpy", "safetensors", "cutlass")
 
 PROBE = """

@@ -28,6 +28,7 @@ from dsv4.checkpoint.names import draft_weights
 from dsv4.checkpoint.synth import synthetic_values
 
 from ..dspark import DSparkReference
+from .draft_settings import DraftSettings
 from .loop import lr_at, window
 from .params import trains
 
@@ -56,22 +57,6 @@ class DraftWeights:
 
     def parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         yield from self.tensors.items()
-
-
-@dataclass
-class DraftSettings:
-    steps: int = 600
-    seq_len: int = 256
-    anchors: int = 24
-    lr: float = 2e-3
-    warmup: int = 30
-    weight_decay: float = 0.1
-    clip: float = 1.0
-    confidence_weight: float = 0.1
-    seed: int = 0
-    eval_every: int = 100
-    eval_windows: int = 4
-    save_every: int = 25
 
 
 @dataclass

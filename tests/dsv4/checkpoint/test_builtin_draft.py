@@ -46,7 +46,7 @@ def test_the_nvfp4_form_is_the_converters_output(tmp_path: Path) -> None:
 
 @pytest.mark.slow   # ~15 s: greedy speculation of the reference on every standard prompt
 def test_the_draft_has_learned_what_its_provenance_says() -> None:
-    from reference.training.draft import measure_acceptance
+    from reference.training.draft_run import measure_acceptance
 
     prov = json.loads(provenance_path(NAME).read_text())["acceptance"]
     got = measure_acceptance(official_path(NAME), prov["tokens_per_prompt"])
