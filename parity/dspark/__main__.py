@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(c, subcommand=True)
     c.add_argument("--prompt-set", default=S, help=f"calibration prompt set (default {CALIBRATION_SET})")
     c.add_argument("--out", default=None, help="default parity/thresholds/dspark/<checkpoint>.toml")
+    c.add_argument("--envelope", default=None, metavar="FILE",
+                   help="write the looser of each rule of FILE (another machine type's calibration) and this one")
     return p
 
 
@@ -116,8 +118,9 @@ def main(argv: Sequence[str] | None = None, console: Any = None) -> int:
         from ..env import code_version
         from dsv4.prompts import shipped_prompt_set
 
+        from ..env import cpu_name
         from ..inputs import encode_prompts, select_prompts
-        from .calibrate import MARGIN, ROW_MARGIN, calibrate as run_calibration, to_toml
+        from .calibrate import MARGIN, ROW_MARGIN, calibrate as run_calibration, envelope, to_toml
         from .judge import rules_name, rules_path
 
         device = parse_device(args.device)
@@ -131,7 +134,22 @@ def main(argv: Sequence[str] | None = None, console: Any = None) -> int:
 
         from .run import DraftSpec
 
+        previous = None
+        if args.envelope:   # a bad file: one error before any run
+            from ..errors import ParityInputError
+            from .judge import load_floor_rules
+
+            try:
+                previous, prev_plan = load_floor_rules("", args.envelope)
+            except (ParityInputError, OSError, ValueError) as e:   # tomllib's errors are ValueErrors
+                raise ParityInputError(f"--envelope: expected a draft floor rules TOML at {args.envelope}, "
+                                       f"found {type(e).__name__}: {e}") from None
+            if prev_plan != f"{plan.name}/{DraftSpec.act_scale}":
+                raise ParityInputError(f"--envelope: expected rules of plan {plan.name}/{DraftSpec.act_scale}, "
+                                       f"found {prev_plan or 'no plan'} in {args.envelope}")
         rules = run_calibration(src, prompts, plan, device, _progress)
+        if previous is not None:
+            rules = envelope(rules, previous, f"this machine ({cpu_name()})")
         out = Path(args.out) if args.out else rules_path(rules_name(src))
         header = (f"DSpark draft-parity floor rules for {src.spec} (fingerprint {src.fingerprint[:12]}), plan "
                   f"{plan.name}.\nWritten by `python -m parity.dspark calibrate` at {code_version()} from "
@@ -141,7 +159,11 @@ def main(argv: Sequence[str] | None = None, console: Any = None) -> int:
                   f"cosine 1 - {MARGIN:g}(1 - worst), rates mean - 3 two-sample SE (at the judged count) - 0.02 (parity/dspark/calibrate.py);\n"
                   f"top-1 agreement without rows whose anchor top-2 margin is below {DraftSpec.floor_near_tie:g} "
                   f"nats (the trunk floor's near_tie_logprob). Torch threads: {torch.get_num_threads()} "
-                  f"(the summation order of the BF16 sides).")
+                  f"(the summation order of the BF16 sides)."
+                  + (f"\nEach rule is the looser of {Path(args.envelope).name} as it was (earlier machine types) and this "
+                     f"calibration on {cpu_name()}; `calibrated` lists every machine type's bound "
+                     f"(parity/dspark/calibrate.py)."
+                     if previous is not None else ""))
 
         out.write_text(to_toml(rules, header, plan.name, DraftSpec.act_scale), encoding="utf-8")
         console.print(f"wrote {len(rules)} rules to {out}")

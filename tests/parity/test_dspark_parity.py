@@ -102,10 +102,21 @@ def test_cli_writes_a_summary_and_refuses_a_checkpoint_without_dspark(tmp_path: 
     assert main(["--columns", "logic,nope"], console=con) == 2
 
 
+# Another machine type's float kernels move a calibrated bound: ~1 % where nothing flips (main_hidden
+# rel_diff 0.00461 vs 0.00455), far more where a router row flips on one machine only (stage 0's router
+# weights 1.6e-4 vs 0.0996, 2026-12-05). The shipped file is the envelope over the machine types it lists
+# in each rule's `calibrated`; a fresh calibration is stale-free if it needs no more than the shipped
+# bound allows and lies within MACHINE_TOLERANCE of the span of those machine types (a stale file, left
+# from older numerics, moved trunk rules 1.5-4.5x: tests/parity/test_thresholds_current.py).
+MACHINE_TOLERANCE = 0.25
+
+
 @pytest.mark.parametrize("checkpoint", ["tiny-dspark", "tiny-trained-dspark"])
 def test_shipped_floor_rules_are_current(tmp_path: Path, checkpoint: str) -> None:
-    """parity/thresholds/dspark/<checkpoint>.toml is what calibration gives today (not a stale file).
+    """parity/thresholds/dspark/<checkpoint>.toml covers what calibration gives today on this machine
+    (no false alarm) and is no looser than the machine types it was calibrated on (not a stale file).
     One thread, as the shipped files were written: BF16 sums in another order move bounds by ~1 %."""
+    from parity.dspark.calibrate import allowed_error
     from parity.dspark.judge import load_floor_rules, rules_path
 
     out = tmp_path / "r.toml"
@@ -115,4 +126,9 @@ def test_shipped_floor_rules_are_current(tmp_path: Path, checkpoint: str) -> Non
     shipped, shipped_plan = load_floor_rules(checkpoint, rules_path(checkpoint))
     assert fresh_plan == shipped_plan == "default/frozen" and fresh.keys() == shipped.keys()
     for k, r in fresh.items():
-        assert r["bound"] == pytest.approx(shipped[k]["bound"], rel=1e-6, abs=1e-12), k
+        ship = shipped[k]
+        seen = [allowed_error({**ship, "bound": b}) for b in ship.get("calibrated", [ship["bound"]])]
+        assert allowed_error(ship) == pytest.approx(max(seen), rel=1e-9, abs=1e-12), (k, "the bound is not the envelope")
+        got = allowed_error(r)
+        assert got <= allowed_error(ship) * (1 + MACHINE_TOLERANCE) + 1e-12, (k, "needs a looser bound", got, seen)
+        assert got >= min(seen) * (1 - MACHINE_TOLERANCE) - 1e-12, (k, "stale: tighter than every machine", got, seen)
