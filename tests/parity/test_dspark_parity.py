@@ -64,6 +64,7 @@ def test_a_changed_bound_fails_with_its_place(clean, monkeypatch) -> None:
     assert v.first_divergence["logic"]["isolated"].startswith("dspark.main_hidden (target capture, mhc)")
 
 
+@pytest.mark.slow   # slow: draft parity twice on the example backend's tiled torch GEMM (~50 s)
 def test_bug_budget_column_audits_every_draft_call_of_a_user_backend(source, prompts, monkeypatch) -> None:
     pytest.importorskip("tiled_gemm_backend", reason="the example backend of examples/ is not installed (.ci/run installs it)")
     spec = DraftSpec(source=source, prompts=prompts, n_tokens=8, columns=("bug_budget",), backend="tiled_gemm")
@@ -111,6 +112,7 @@ def test_cli_writes_a_summary_and_refuses_a_checkpoint_without_dspark(tmp_path: 
 MACHINE_TOLERANCE = 0.25
 
 
+@pytest.mark.slow   # slow: a full draft calibration per checkpoint (~40 s each)
 @pytest.mark.parametrize("checkpoint", ["tiny-dspark", "tiny-trained-dspark"])
 def test_shipped_floor_rules_are_current(tmp_path: Path, checkpoint: str) -> None:
     """parity/thresholds/dspark/<checkpoint>.toml covers what calibration gives today on this machine
