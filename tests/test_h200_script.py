@@ -33,7 +33,9 @@ def test_the_script_runs_draft_parity_on_the_sm90_kernels_in_both_modes() -> Non
 
 @pytest.mark.parametrize("module,args", module_steps(), ids=lambda v: v if isinstance(v, str) else "")
 def test_every_module_step_parses(module: str, args: list[str]) -> None:
-    mod = importlib.import_module(f"{module}.__main__" if module == "parity.dspark" else module)
+    mod = importlib.import_module(module)
+    if hasattr(mod, "__path__"):   # a package: `python -m` runs its __main__, as here
+        mod = importlib.import_module(f"{module}.__main__")
     if not hasattr(mod, "build_parser"):
         pytest.skip(f"{module} has no build_parser to parse its arguments with")
     mod.build_parser().parse_args(args)   # a renamed or removed option exits 2 here
