@@ -1,18 +1,19 @@
 """Built-in trained checkpoints shipped in the repository (``dsv4/data/models/``).
 
 Unlike the synthetic presets these have one set of weights (no seeds), trained by
-``python -m reference.training`` (provenance.json beside them). Each is shipped in the official
-FP8 + MXFP4 layout (the 0731 one for a model with a draft) and in its NVFP4 form written by ``python -m dsv4.checkpoint.convert``; other
-layouts are one convert call away. Compute-free: the reference resolves these names too."""
+``python -m reference.training`` (provenance.json beside them). Each is shipped once: the target in
+the official FP8 + MXFP4 layout, the DSpark draft as its ``mtp.*`` tensors alone; the 0731 checkpoint
+and the NVFP4 forms are derived on first use into the cache, byte for byte what used to be shipped
+(``builtin_derive``). Other layouts are one convert call away. The reference resolves these names too."""
 from __future__ import annotations
 
 from pathlib import Path
 
+from .builtin_derive import MODELS_DIR, derived_dir, recipes, source_dir
 from .errors import CheckpointError
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
-# name -> {layout: directory under MODELS_DIR}; the directory name is the config's name (the NVFP4
-# form, which the native model runs, carries the model's own name)
+# name -> {layout: directory name}, shipped under MODELS_DIR or derived (builtin_derive); the directory
+# name is the config's name (the NVFP4 form, which the native model runs, carries the model's own name)
 TRAINED: dict[str, dict[str, str]] = {
     "tiny-trained": {"nvidia-nvfp4": "tiny-trained", "official": "tiny-trained-official"},
     # its 0731 form: the same target weights with a DSpark draft trained against it
@@ -31,11 +32,16 @@ def trained_name(checkpoint: str | Path) -> str | None:
         if s in dirs.values():   # a config name (the directory name)
             return name
         try:
-            if any(Path(s).resolve() == (MODELS_DIR / d).resolve() for d in dirs.values()):
+            if any(Path(s).resolve() == _location(d).resolve() for d in dirs.values()):
                 return name
         except OSError:
             pass
     return None
+
+
+def _location(d: str) -> Path:
+    """Where a layout directory is (derived ones: where they are or will be built; nothing is built)."""
+    return derived_dir(d) if d in recipes() else MODELS_DIR / d
 
 
 def provenance_path(name: str) -> Path:
@@ -44,11 +50,11 @@ def provenance_path(name: str) -> Path:
 
 def official_path(name: str) -> Path:
     """The directory of a trained built-in in the layout training wrote (official, or official-dspark)."""
-    return MODELS_DIR / next(d for layout, d in TRAINED[name].items() if layout.startswith("official"))
+    return source_dir(next(d for layout, d in TRAINED[name].items() if layout.startswith("official")))
 
 
 def trained_path(name: str, flavor: str = "nvidia-nvfp4", seed: int = 0) -> Path:
-    """The shipped directory of a trained built-in in one layout."""
+    """The directory of a trained built-in in one layout (a derived layout is built on first use)."""
     if name not in TRAINED:
         raise CheckpointError(f"built-in checkpoint: expected one of {sorted(TRAINED)}, found {name!r}")
     if seed != 0:
@@ -58,7 +64,7 @@ def trained_path(name: str, flavor: str = "nvidia-nvfp4", seed: int = 0) -> Path
         raise CheckpointError(f"checkpoint {name!r}: shipped as {', '.join(TRAINED[name])}, not {flavor!r}; write "
                               f"that layout with `python -m dsv4.checkpoint.convert {official_path(name)} "
                               f"--flavor {flavor} --out DIR`")
-    path = MODELS_DIR / TRAINED[name][flavor]
+    path = source_dir(TRAINED[name][flavor])
     if not (path / "config.json").is_file():
         raise CheckpointError(f"checkpoint {name!r}: expected its files at {path}, found none (an incomplete "
                               f"clone or install?)")

@@ -1,5 +1,6 @@
 """The trained tiny model shipped in the repository: it resolves by name, its files are what its
-provenance says, and its NVFP4 form is what the project's converter writes from the official one."""
+provenance says, and its NVFP4 form is what the project's converter writes from the official one
+(derived on first use, never shipped: builtin_derive)."""
 from __future__ import annotations
 
 import hashlib
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from dsv4.checkpoint import CheckpointError, open_checkpoint
-from dsv4.checkpoint.builtin import MODELS_DIR, TRAINED, provenance_path, trained_name, trained_path
+from dsv4.checkpoint.builtin import MODELS_DIR, provenance_path, trained_name, trained_path
+from dsv4.checkpoint.builtin_derive import derived_dir, recipes
 from dsv4.checkpoint.convert import convert
 from dsv4.checkpoint.synth import resolve_preset
 from dsv4.config import load_config
@@ -23,7 +25,8 @@ def _digest(d: Path) -> dict[str, str]:
 
 
 def test_the_name_resolves_to_the_shipped_layouts_and_nothing_else() -> None:
-    assert resolve_preset(NAME) == trained_path(NAME) == MODELS_DIR / "tiny-trained"
+    assert resolve_preset(NAME) == trained_path(NAME) == derived_dir("tiny-trained")
+    assert trained_path(NAME, "official") == MODELS_DIR / "tiny-trained-official"
     assert open_checkpoint(trained_path(NAME)).flavor == "nvidia-nvfp4"
     assert open_checkpoint(trained_path(NAME, "official")).flavor == "official"
     assert load_config(NAME).name == NAME and load_config(NAME).vocab_size == 4096
@@ -35,10 +38,14 @@ def test_the_name_resolves_to_the_shipped_layouts_and_nothing_else() -> None:
     assert trained_name("tiny") is None and trained_name("/nowhere") is None
 
 
-def test_files_fit_the_repository_budget() -> None:
-    files = [f for d in TRAINED[NAME].values() for f in (MODELS_DIR / d).iterdir()]
-    assert sum(f.stat().st_size for f in files) <= 20 * 1000 * 1000
+def test_every_model_is_shipped_once_within_the_repository_budget() -> None:
+    # every device call sends the tracked tree: the trained models stay well under its 20 MB budget
+    files = [f for f in MODELS_DIR.rglob("*") if f.is_file()]
+    assert sum(f.stat().st_size for f in files) <= 15 * 1000 * 1000
     assert max(f.stat().st_size for f in files) <= 16 * 1024 * 1024
+    shipped = {d.name for d in MODELS_DIR.iterdir() if d.is_dir()}
+    assert not shipped & set(recipes()), "a derived layout is shipped too"
+    assert sum(1 for f in files if f.name == "tokenizer.json") == 1
 
 
 def test_provenance_matches_the_shipped_files() -> None:
@@ -54,7 +61,26 @@ def test_provenance_matches_the_shipped_files() -> None:
 
 def test_the_nvfp4_form_is_the_converters_output(tmp_path: Path) -> None:
     out = convert(trained_path(NAME, "official"), "nvidia-nvfp4", tmp_path / "nv")
-    assert _digest(out) == _digest(trained_path(NAME))
+    assert _digest(out) == _digest(trained_path(NAME)) == recipes()["tiny-trained"]["sha256"]
+
+
+def test_a_derived_layout_is_rebuilt_and_verified_when_missing(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("DSV4_PARITY_CACHE", str(tmp_path / "cache"))
+    built = trained_path(NAME)
+    assert built.is_relative_to(tmp_path / "cache") and _digest(built) == recipes()["tiny-trained"]["sha256"]
+    assert trained_path(NAME) == built                              # the second use reads it, builds nothing
+    assert trained_name(str(built)) == NAME
+
+
+def test_a_rebuild_with_other_bytes_is_one_clear_error(tmp_path: Path, monkeypatch) -> None:
+    import dsv4.checkpoint.builtin_derive as bd
+
+    monkeypatch.setenv("DSV4_PARITY_CACHE", str(tmp_path / "cache"))
+    wrong = {k: dict(v, sha256=dict(v["sha256"], **{"model.safetensors": "0" * 64})) for k, v in recipes().items()}
+    monkeypatch.setattr(bd, "recipes", lambda: wrong)
+    with pytest.raises(CheckpointError, match="found other bytes in model.safetensors"):
+        trained_path(NAME)
+    assert not any((tmp_path / "cache").rglob("config.json"))      # nothing half-built left in place
 
 
 @pytest.mark.slow   # ~15 s: six 512-token windows through the reference

@@ -11,7 +11,8 @@ import pytest
 from safetensors import safe_open
 
 from dsv4.checkpoint import open_checkpoint
-from dsv4.checkpoint.builtin import MODELS_DIR, official_path, provenance_path, trained_path
+from dsv4.checkpoint.builtin import official_path, provenance_path, trained_path
+from dsv4.checkpoint.builtin_derive import derived_dir, recipes
 from dsv4.checkpoint.convert import convert
 from dsv4.checkpoint.synth import resolve_preset
 
@@ -19,7 +20,7 @@ NAME = "tiny-trained-dspark"
 
 
 def test_the_name_resolves_to_a_0731_checkpoint_with_a_draft() -> None:
-    assert resolve_preset(NAME) == trained_path(NAME) == MODELS_DIR / NAME
+    assert resolve_preset(NAME) == trained_path(NAME) == derived_dir(NAME)
     r = open_checkpoint(trained_path(NAME))
     assert r.flavor == "nvidia-nvfp4" and r.config.dspark_block_size == 5 and r.config.name == NAME
     assert open_checkpoint(official_path(NAME)).flavor == "official-dspark"
@@ -41,7 +42,7 @@ def test_the_nvfp4_form_is_the_converters_output(tmp_path: Path) -> None:
     out = convert(official_path(NAME), "nvidia-nvfp4", tmp_path / "nv")
     digest = lambda d: {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(d.iterdir())  # noqa: E731
                         if not f.name.startswith(".")}
-    assert digest(out) == digest(trained_path(NAME))
+    assert digest(out) == digest(trained_path(NAME)) == recipes()[NAME]["sha256"]
 
 
 @pytest.mark.slow   # ~15 s: greedy speculation of the reference on every standard prompt
