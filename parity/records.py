@@ -116,8 +116,20 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float spelled as the records spell it (``"inf"``, ``"-inf"``,
+    ``"nan"``), so a summary holding an infinite ratio is still standard JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return encode_value(obj)
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
 def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(Path(path), json.dumps(obj, indent=2, sort_keys=True, allow_nan=False) + "\n")
+    atomic_write_text(Path(path), json.dumps(json_safe(obj), indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 def write_records(path: str | Path, records: Iterable[Mapping[str, Any]], *, append: bool = False) -> int:

@@ -31,7 +31,9 @@ def nvfp4_runtime_global_scale(x: torch.Tensor) -> torch.Tensor:
     if xf.numel() == 0:
         return torch.tensor(FP32_MIN_NORMAL, dtype=torch.float32, device=x.device)
     amax = xf.abs().amax()
-    g = (amax / FP4_AMAX_PER_GLOBAL).clamp(min=FP32_MIN_NORMAL)
+    # A tensor divisor on x's device, never a Python number: CUDA torch turns ``t / scalar`` into
+    # ``t * (1 / scalar)``, one ulp off the IEEE division for some amax (the kernels divide).
+    g = (amax / torch.full_like(amax, FP4_AMAX_PER_GLOBAL)).clamp(min=FP32_MIN_NORMAL)
     return torch.where(torch.isfinite(amax), g, torch.full_like(g, float("nan")))
 
 

@@ -67,16 +67,15 @@ class Violation:
         where = f"layer {self.layer}" if self.layer is not None else "global"
         first = self.check.examples[0].describe() if self.check.examples else ""
         return (f"{self.module} ({where}, {self.component}) {self.op} call #{self.call_index} on {self.backend}: "
-                f"{self.check.violations} of {self.check.elements} elements out of bound, worst "
-                f"{self.check.worst_ratio:.3g} bounds; first {first}")
+                f"{self.check.violations} of {self.check.elements} elements out of bound, {self.check.worst()}; "
+                f"first {first}")
 
     def summary(self) -> dict[str, Any]:
         return {"module": self.module, "layer": self.layer, "component": self.component, "op": self.op,
                 "call_index": self.call_index, "backend": self.backend, "prompt_id": self.prompt_id,
                 "violations": self.check.violations, "elements": self.check.elements,
                 "worst_ratio": self.check.worst_ratio,
-                "examples": [{"where": e.where, "expected": e.expected, "got": e.got, "bound": e.bound,
-                              "ratio": e.ratio} for e in self.check.examples]}
+                "examples": [e.summary() for e in self.check.examples]}
 
 
 @dataclass

@@ -36,12 +36,42 @@ class Element:
         err = abs(self.got - self.expected)
         if err != err:      # NaN on one side only
             return float("inf")
-        return err / self.bound if self.bound > 0 else float("inf")
+        if self.bound > 0:
+            return err / self.bound
+        return float("inf") if err > 0 else 0.0
+
+    @property
+    def ulps(self) -> int | None:
+        """How many FP32 values lie between expected and got (None if either is not finite)."""
+        return fp32_ulps(self.expected, self.got)
 
     def describe(self) -> str:
-        r = self.ratio
-        miss = "exact match required" if self.bound == 0 else f"{r:.3g} bounds"
+        if self.bound == 0:
+            u = self.ulps
+            miss = f"{u} FP32 ulp{'s' if u != 1 else ''} apart; exact match required" if u is not None \
+                else "exact match required"
+        else:
+            miss = f"{self.ratio:.3g} bounds"
         return f"{self.where}: expected {self.expected:.8g}, got {self.got:.8g} ({miss})"
+
+    def summary(self) -> dict[str, Any]:
+        return {"where": self.where, "expected": self.expected, "got": self.got, "bound": self.bound,
+                "ratio": self.ratio, "ulps": self.ulps}
+
+
+def fp32_ulps(a: float, b: float) -> int | None:
+    """The distance of two values in FP32 steps (0 for equal values, +0 and -0 included)."""
+    import math
+    import struct
+
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return None
+
+    def ordinal(x: float) -> int:   # FP32 bit patterns ordered as the values are
+        bits = struct.unpack("<i", struct.pack("<f", x))[0]
+        return bits if bits >= 0 else -(bits & 0x7FFFFFFF)
+
+    return abs(ordinal(a) - ordinal(b))
 
 
 @dataclass
@@ -70,6 +100,15 @@ class CallCheck:
     def passed(self) -> bool:
         return self.violations == 0
 
+    def worst(self) -> str:
+        """The worst miss in words: ``N bounds``, or for an element that must match exactly its distance."""
+        if self.worst_ratio != float("inf"):
+            return f"worst {self.worst_ratio:.3g} bounds"
+        exact = [e for e in self.examples if e.bound == 0 and e.ulps is not None]
+        if exact:
+            return f"an exact element {max(e.ulps for e in exact)} FP32 ulps off"
+        return "a non-finite or exact-element mismatch"
+
 
 def _where(names: list[str], idx: tuple[int, ...]) -> str:
     head, *labels = names
@@ -79,14 +118,17 @@ def _where(names: list[str], idx: tuple[int, ...]) -> str:
 
 def _compare(check: CallCheck, where: list[str], expected: torch.Tensor, got: torch.Tensor,
              bound: torch.Tensor) -> None:
-    # FP32: the difference's own rounding (2^-24 relative) is far inside the bounds' BOUND_SLACK
-    e, g, b = expected.to(torch.float32), got.to(torch.float32), bound.to(torch.float32)
+    # FP32: the difference's own rounding (2^-24 relative) is far inside the bounds' BOUND_SLACK.
+    # Judged on the device of the oracle's value, which is the device the call ran on.
+    e = expected.to(torch.float32)
+    g, b = got.to(e.device, torch.float32), bound.to(e.device, torch.float32)
     err = (g - e).abs()
     both_nan = torch.isnan(e) & torch.isnan(g)
     same_inf = torch.isinf(e) & torch.isinf(g) & (torch.sign(e) == torch.sign(g))
     ok = both_nan | same_inf | (err <= b)
     ratio = torch.where(b > 0, err / b.clamp(min=1e-38), torch.where(err > 0, float("inf"), 0.0))
-    ratio = torch.where(both_nan | same_inf, torch.zeros_like(ratio), torch.nan_to_num(ratio, nan=float("inf")))
+    ratio = torch.where(both_nan | same_inf, torch.zeros_like(ratio),
+                        torch.nan_to_num(ratio, nan=float("inf"), posinf=float("inf")))
     check.add(where, e, g, b, ~ok, ratio)
 
 

@@ -110,3 +110,43 @@ def test_fused_rmsnorm_allows_only_boundary_near_flips() -> None:
     far = p.clone()
     far[0, 0] ^= 0x03
     assert audit_quant(req, FP4Operand(far, s, g, k=512)).violations >= 1
+
+
+def test_a_one_ulp_global_scale_is_one_violation_named_in_ulps() -> None:
+    """The kernel's runtime global scale one FP32 ulp off the oracle's: one violation (its block scales
+    and codes are judged on its own scale), described by its distance, not as infinitely many bounds."""
+    from parity.audit.auditor import Violation
+
+    req, a = _act(4, 64, 7)
+    g_off = torch.nextafter(a.global_scale, torch.tensor(1.0))
+    p, s, _ = nvfp4_quantize(req.x.float(), g_off)   # a consistent kernel around that scale
+    c = audit_quant(req, FP4Operand(p, s, g_off, k=64))
+    assert c.violations == 1 and c.examples[0].where == "global_scale[0]"
+    assert c.examples[0].ulps == 1 and "1 FP32 ulp apart; exact match required" in c.examples[0].describe()
+    assert c.worst() == "an exact element 1 FP32 ulps off"
+    v = Violation("layers.0.attn.wo_a", "attn_o", "quantize_activation", 0, "x", "p", c)
+    assert "3.4e+38" not in v.describe() and "inf" not in v.describe()
+    assert v.summary()["examples"][0]["ulps"] == 1
+
+
+def test_a_summary_with_infinite_ratios_is_written_as_standard_json(tmp_path) -> None:
+    import json
+
+    from parity.records import atomic_write_json
+
+    atomic_write_json(tmp_path / "s.json", {"worst_ratio": float("inf"), "rows": [float("-inf"), float("nan"), 1.5]})
+    got = json.loads((tmp_path / "s.json").read_text())
+    assert got == {"worst_ratio": "inf", "rows": ["-inf", "nan", 1.5]}
+
+
+@pytest.mark.gpu
+def test_calls_on_the_gpu_are_replayed_there() -> None:
+    """Static-scale activations (routed experts) and grouped calls on CUDA: judged on CUDA, no
+    cross-device error, no violation from the emulated backend."""
+    be = EmulatedBackend()
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(8, 64, generator=g) * 2).to(torch.bfloat16).cuda()
+    req = ActQuantRequest(x, torch.tensor(0.004, device="cuda"))
+    assert audit_quant(req, be.quantize_activation(req)).violations == 0
+    req = ActQuantRequest(x, None)
+    assert audit_quant(req, be.quantize_activation(req)).violations == 0
