@@ -5,6 +5,10 @@ scheme and role suffixes a checkpoint uses is its layout's to say (``layouts.py`
   MXFP4 routed experts; also accepted with a ``model.`` prefix (transformers' ``save_pretrained``).
 * ``nvidia-nvfp4``: official names; main-layer routed experts in NVFP4 (``weight``,
   ``weight_scale``, ``weight_scale_2``, ``input_scale``); MTP experts stay MXFP4.
+* ``tf-saved``: what transformers 5.x ``save_pretrained`` writes (its reverse of conversion_mapping.py's
+  renames, read from a real save of transformers 5.23): official names under ``model.``, except four it
+  cannot undo: ``model.embed_tokens``, ``head``, ``model.hc_head.hc_{fn,base,scale}``, and the attention
+  ``kv_norm`` saved as ``attn.norm``; experts per expert, parameters in the model dtype.
 * ``hf``: transformers-5.x module names; experts fused (``mlp.experts.gate_up_proj [E, 2I, D]``,
   ``down_proj [E, D, I]``) or per expert (``mlp.experts.{e}.gate_proj.weight``); per-tensor
   format from sibling names (``weight_scale_inv`` FP8 block, ``weight_scale`` + ``weight_scale_2``
@@ -40,12 +44,38 @@ OFFICIAL_ROLES = {"weight": ".weight", "scale": ".scale", "weight_scale": ".weig
 
 def official_candidates(spec: WeightSpec, prefix: str = "",
                         roles: Mapping[str, str] = OFFICIAL_ROLES) -> dict[str, Location]:
-    base = prefix + spec.full_name
+    return base_candidates(spec, prefix + spec.full_name, roles)
+
+
+def base_candidates(spec: WeightSpec, base: str, roles: Mapping[str, str]) -> dict[str, Location]:
+    """Stored locations per role of ``spec`` whose stored base name is ``base``."""
     if spec.kind in (PARAM, INDEX):
         return {"weight": Location(base)}
     if spec.kind == LINEAR:
         return {role: Location(base + suf) for role, suf in roles.items()}
     return {"weight": Location(base + ".weight")}
+
+
+# ---- transformers save_pretrained naming (its reverse key mapping) -------------------------------------
+# The '^'-anchored renames (embed, hc_head) do not match once transformers has prefixed 'model.', and
+# the rename '.norm.' -> '.kv_norm.' (meant for the compressors) is undone on the attention's own kv_norm.
+_TF_SAVED_GLOBAL = {"embed": "model.embed_tokens", "head": "head", "norm": "model.norm",
+                    "hc_head_fn": "model.hc_head.hc_fn", "hc_head_base": "model.hc_head.hc_base",
+                    "hc_head_scale": "model.hc_head.hc_scale"}
+_TF_SAVED_LAYER = {"attn.kv_norm": "attn.norm"}
+
+
+def tf_saved_base(spec: WeightSpec) -> str:
+    if spec.layer is None:
+        return _TF_SAVED_GLOBAL[spec.name]
+    return f"model.layers.{spec.layer}." + _TF_SAVED_LAYER.get(spec.name, spec.name)
+
+
+def stored_base(spec: WeightSpec, naming: str) -> str:
+    """The stored base name of a main-model weight under a naming scheme (``mtp.*`` keep official names)."""
+    if spec.mtp is not None or naming == "official":
+        return spec.full_name
+    return tf_saved_base(spec) if naming == "tf-saved" else hf_base(spec)
 
 
 # ---- transformers naming -------------------------------------------------------------------------
@@ -101,9 +131,4 @@ def hf_candidates(spec: WeightSpec, fused: bool, inter: int,
             return {"weight": Location(prefix + HF_FUSED_DOWN, (e, None, None))}
         lo = 0 if which == "w1" else inter   # gate_up_proj holds w1 then w3 along dim 1
         return {"weight": Location(prefix + HF_FUSED_GATE_UP, (e, lo, lo + inter))}
-    base = hf_base(spec)
-    if spec.kind in (PARAM, INDEX):
-        return {"weight": Location(base)}
-    if spec.kind == LINEAR:
-        return {role: Location(base + suf) for role, suf in roles.items()}
-    return {"weight": Location(base + ".weight")}
+    return base_candidates(spec, hf_base(spec), roles)

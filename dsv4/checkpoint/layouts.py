@@ -3,7 +3,10 @@
 Detection, validation, lazy reading and the synthetic writer all follow from these entries:
 
 * ``naming``: how canonical names become stored names (``official``: ``layers.3.attn.wq_a``;
-  ``hf``: transformers' ``model.layers.3.self_attn.q_a_proj``), see ``flavors.py``;
+  ``hf``: transformers' ``model.layers.3.self_attn.q_a_proj``; ``tf-saved``: what transformers'
+  ``save_pretrained`` writes, ``model.layers.3.attn.wq_a``), see ``flavors.py``;
+* ``config_form``: the config.json form its writer produces (``hf``, ``transformers`` or
+  ``transformers-saved``: transformers' form with the keys its ``save_pretrained`` adds);
 * ``roles``: the stored suffix of each role of a quantized linear;
 * ``drafts``: which ``mtp.*`` tensors may belong to it (``nextn``: the April block; ``dspark``: the
   0731/0813 DSpark stages; ``none``: transformers drops them); which one a checkpoint has is the
@@ -47,6 +50,7 @@ class Layout:
     global_scale: str = "multiplier"  # "multiplier" | "reciprocal"
     dtypes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)   # empty: any float dtype
     quant_method: str | None = None   # the quantization_config the synthetic writer records
+    config_form: str = "hf"           # "hf" | "transformers" | "transformers-saved" (what synth writes)
 
     def allowed_dtypes(self, kind: str) -> tuple[str, ...] | None:
         return self.dtypes.get(kind)
@@ -59,7 +63,13 @@ LAYOUTS: dict[str, Layout] = {l.name: l for l in (
            quant_method="compressed-tensors"),
     Layout("hf", "transformers-5.x names (BF16, FP8 block or ModelOpt NVFP4 per tensor)", "hf", _HF_ROLES, ("none", "nextn", "dspark"),
            "dense", "dense", r"^(model\.layers\.\d+\.(self_attn|mlp)\.|lm_head\.weight$)",
-           "transformers module names ('model.layers.N.self_attn.*' / 'lm_head.weight')"),
+           "transformers module names ('model.layers.N.self_attn.*' / 'lm_head.weight')",
+           config_form="transformers"),
+    Layout("transformers-saved", "what transformers 5.x save_pretrained writes (official names under 'model.', "
+           "its own embed / hc_head / kv_norm names; BF16 or FP32)", "tf-saved", _HF_ROLES, ("none",), "dense",
+           "dense", r"^model\.(embed_tokens\.weight|hc_head\.hc_fn)$",
+           "transformers save_pretrained names ('model.embed_tokens.weight' beside 'model.layers.N.attn.*')",
+           config_form="transformers-saved"),
     Layout("nvidia-nvfp4", "NVIDIA ModelOpt NVFP4 (nvidia/DeepSeek-V4-*-NVFP4): NVFP4 routed experts",
            "official", _OFFICIAL_ROLES, ("nextn", "dspark"), "nvfp4", "fp8_block", r"\.weight_scale_2$",
            "official names with '*.weight_scale_2' (ModelOpt NVFP4 global scales)",
@@ -100,6 +110,8 @@ _EXAMPLES = {
     "official-dspark": ("embed.weight", "layers.0.attn.wq_a.weight", "mtp.0.main_proj.weight"),
     "nvidia-nvfp4": ("embed.weight", "layers.0.ffn.experts.0.w1.weight_scale_2"),
     "hf": ("model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_a_proj.weight"),
+    "transformers-saved": ("model.embed_tokens.weight", "head.weight", "model.layers.0.attn.wq_a.weight",
+                           "model.hc_head.hc_fn"),
     "compressed-tensors": ("model.embed_tokens.weight", "model.layers.0.mlp.experts.0.gate_proj.weight_packed"),
 }
 

@@ -15,7 +15,8 @@ from safetensors import safe_open
 from ..config import ConfigError, DSV4Config
 from .errors import CheckpointError
 from .fingerprint import shard_digests
-from .flavors import HF_FUSED_DOWN, HF_FUSED_GATE_UP, Location, hf_candidates, official_candidates
+from .flavors import (HF_FUSED_DOWN, HF_FUSED_GATE_UP, Location, base_candidates, hf_candidates,
+                      official_candidates, tf_saved_base)
 from .formats import HASH, NVFP4, RAW, StoredWeight, TensorInfo, WeightFormat, infer_format
 from .layouts import FLAVORS, detect_layout
 from .quant_configs import read_quant_config
@@ -170,7 +171,8 @@ class CheckpointReader:
         consumed: set[str] = set()
         prefix = ""
         hf_named = self.layout.naming == "hf"
-        if not hf_named and not any(n.startswith("layers.") for n in names) and \
+        tf_saved = self.layout.naming == "tf-saved"
+        if self.layout.naming == "official" and not any(n.startswith("layers.") for n in names) and \
                 any(n.startswith("model.layers.") for n in names):
             prefix = "model."   # official names written by save_pretrained
         fused = hf_named and any(n.endswith(HF_FUSED_GATE_UP) for n in names)
@@ -188,6 +190,8 @@ class CheckpointReader:
                 cands = official_candidates(spec, mp)
             elif hf_named:
                 cands = hf_candidates(spec, fused, c.moe_intermediate_size, self.layout.roles)
+            elif tf_saved:
+                cands = base_candidates(spec, tf_saved_base(spec), self.layout.roles)
             else:
                 cands = official_candidates(spec, prefix, self.layout.roles)
             w = cands["weight"]

@@ -121,9 +121,10 @@ def sparse_checkpoint(config: DSV4Config, flavor: str, out: Path, shard_bytes: i
 
     if get_layout(flavor).drafts == ("dspark",) and not config.dspark_block_size:
         config = with_dspark(config)
-    cfg = config.to_transformers_dict() if flavor == "hf" else config.to_hf_dict()
+    from .synth import config_dict
     from .quant_configs import layout_quant_files
 
+    cfg = config_dict(config, flavor)
     extra = layout_quant_files(get_layout(flavor), config)
     if "quantization_config" in extra:
         cfg["quantization_config"] = extra.pop("quantization_config")

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 from ..atomic_io import file_mode
 from .errors import CheckpointError
-from .flavors import hf_base
+from .flavors import stored_base
 from .layouts import FLAVORS, get_layout
 from .names import INDEX, LINEAR, NORM, PARAM, TABLE, WeightSpec, all_weights
 
@@ -228,6 +228,8 @@ def linear_format(spec: WeightSpec, c: DSV4Config, flavor: str, quant: str) -> s
     if name in ("ffn.gate", "attn.indexer.weights_proj") or ".compressor." in f".{name}":
         return "bf16"
     layout = get_layout(flavor)
+    if layout.naming == "tf-saved":   # transformers' own save: unquantized, in the model dtype
+        return "bf16"
     if flavor == "hf":
         if quant == "bf16":
             return "bf16"
@@ -263,8 +265,8 @@ def _nvfp4_global(v: np.ndarray, flavor: str, amax: float | None = None) -> floa
 def role_names(spec: WeightSpec, roles: Iterable[str], flavor: str) -> dict[str, str]:
     """The stored tensor name of each role of ``spec`` in layout ``flavor`` (the writer's naming)."""
     layout = get_layout(flavor)
-    hf_named = layout.naming == "hf" and spec.mtp is None
-    base = hf_base(spec) if hf_named else spec.full_name
+    hf_named = layout.naming != "official" and spec.mtp is None
+    base = stored_base(spec, layout.naming)
     roles = list(roles)
     if spec.kind in (PARAM, INDEX):
         return {"weight": base}
@@ -419,7 +421,7 @@ def write_checkpoint(out: Path, c: DSV4Config, tensors: Mapping[str, torch.Tenso
     from .quant_configs import layout_quant_files
 
     out.mkdir(parents=True, exist_ok=True)
-    cfg = c.to_transformers_dict() if flavor == "hf" else c.to_hf_dict()
+    cfg = config_dict(c, flavor)
     extra_files = layout_quant_files(get_layout(flavor), c)
     if "quantization_config" in extra_files:
         cfg["quantization_config"] = extra_files.pop("quantization_config")
@@ -461,6 +463,20 @@ def write_checkpoint(out: Path, c: DSV4Config, tensors: Mapping[str, torch.Tenso
         (out / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(wm.items()))}, indent=2) + "\n")
     _write_tokenizer(out, c, tokenizer)
+
+
+def config_dict(c: DSV4Config, flavor: str) -> dict[str, Any]:
+    """The config.json a checkpoint of ``c`` in layout ``flavor`` carries (the layout's config_form)."""
+    form = get_layout(flavor).config_form
+    if form == "hf":
+        return c.to_hf_dict()
+    d = c.to_transformers_dict()
+    if form == "transformers-saved":   # the keys transformers' save_pretrained adds (config_keys.py)
+        from ..config_keys import TRANSFORMERS_SAVED_EXTRAS
+
+        d.update(TRANSFORMERS_SAVED_EXTRAS, dtype="bfloat16")
+        d.pop("torch_dtype", None)
+    return d
 
 
 def _write_tokenizer(out: Path, c: DSV4Config, tokenizer: Any = None) -> None:

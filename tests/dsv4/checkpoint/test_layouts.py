@@ -27,7 +27,8 @@ def layout_dirs(tmp_path_factory):
 
 
 def test_registry_lists_every_release_layout():
-    assert set(FLAVORS) == {"official", "official-dspark", "nvidia-nvfp4", "hf", "compressed-tensors"}
+    assert set(FLAVORS) == {"official", "official-dspark", "nvidia-nvfp4", "hf", "compressed-tensors",
+                            "transformers-saved"}
     for layout in LAYOUTS.values():
         assert layout.marker and layout.marker_why and layout.title
 
