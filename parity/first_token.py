@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: Any = None, console: Any
                              stat_table)
         from .rules import load_rules
         from .runner import DefaultLoaders
-        from .threeway import RunSpec, run_threeway, settings_from_rules
+        from .threeway import RunSpec, settings_from_rules
         from .verdict import evaluate
 
         t_start = time.perf_counter()
@@ -140,6 +140,11 @@ def main(argv: Sequence[str] | None = None, *, loaders: Any = None, console: Any
         device = parse_device(args.device, must_exist=not args.dry_run)
         if args.dry_run:
             return _dry_run(console, args, plan, device)
+        from .distributed import init, quiet_console, run_threeway_sharded
+
+        world, device = init(device)          # under torchrun: the prompts spread over the ranks
+        if not world.main:
+            console = quiet_console()
         rules = load_rules(args.rules, args.checkpoint)
         columns = [c.strip() for c in args.columns.split(",") if c.strip()]
         src, prompts = load_run_source(args, device)
@@ -149,11 +154,11 @@ def main(argv: Sequence[str] | None = None, *, loaders: Any = None, console: Any
                        reference_cache=Path(args.reference_cache) if args.reference_cache else None,
                        columns=columns)
         with progress_bars(console) as progress:
-            result = run_threeway(spec, loaders or DefaultLoaders(), progress)
+            result = run_threeway_sharded(spec, loaders or DefaultLoaders(), progress if world.main else None)
         df = to_frame(result.records)
         extra = [f"{n}: FP4 kernels never ran: {m}" for n, c in result.columns.items() for m in c.kernels_missing]
         verdict = evaluate(df, rules, extra)
-        if args.records:
+        if args.records and world.main:
             write_records(args.records, result.records, append=args.append)
         header(console, {"checkpoint": f"{src.spec} ({src.config_name}, fingerprint {src.fingerprint[:12]})",
                          "plan": f"{plan.name}: " + ", ".join(f"{k}={v}" for k, v in plan.components),
@@ -173,7 +178,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: Any = None, console: Any
         fwd = sum(f.seconds for f in result.forwards)
         console.print(f"wall {wall:.1f} s (forwards {fwd:.1f} s, {len(result.forwards)} runs; "
                       f"{len(result.records)} records)")
-        if args.json:
+        if args.json and world.main:
             atomic_write_json(args.json, json_safe(run_summary(result, verdict, df, wall)))
         errors = result.column_errors
         if errors:   # the other columns are reported and written above; this one is the tool's failure

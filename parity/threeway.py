@@ -93,6 +93,9 @@ class ColumnResult:
     audit_kept: list[Any] = field(default_factory=list, repr=False)
     # the exception that stopped this column (the others still ran); ran is False then
     error: BaseException | None = field(default=None, repr=False)
+    # compare mode -> (prompt index in the run, its position statistics), in prompt order: what the
+    # run-level logits aggregates are computed from (parity.distributed merges prompt shards with them)
+    position_stats: dict[str, list[tuple[int, PositionStats]]] = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -211,7 +214,7 @@ class _Runner:
             raise ParityInputError(f"{label}: loaded checkpoint fingerprint {model.fingerprint} differs from "
                                    f"{spec.source.fingerprint}")
         ctx = run_context(spec, plan=plan.name, profile=profile, backend=backend)
-        stats: dict[str, list[PositionStats]] = {m: [] for m in spec.modes}
+        stats: dict[str, list[tuple[int, PositionStats]]] = {m: [] for m in spec.modes}
         kept: list[SideOutput] = []
         L = spec.source.config.num_hidden_layers
         auditor = None
@@ -235,12 +238,13 @@ class _Runner:
                                           ids=ids, router_bias=spec.source.router_bias, settings=spec.settings)
                 self.records += recs
                 if st is not None:
-                    stats[mode].append(st)
+                    stats[mode].append((n, st))
             result.last_logits[p.id] = (anchor.logits[-1].float(), out.logits[-1].float())
             if keep_outputs:
                 kept.append(out)
         self.progress(f"{name}: {label} forward", len(spec.prompts), len(spec.prompts))
-        self._set_records(ctx, name, stats)
+        result.position_stats = stats
+        self.records += aggregate_records(spec, ctx, name, {m: [st for _, st in v] for m, v in stats.items()})
         if backend != EMULATED:
             result.kernels_missing = _kernels_missing(model)
         if auditor is not None:
@@ -269,17 +273,23 @@ class _Runner:
         result.audit = auditor.summary()
         result.audit_kept = list(auditor.kept)
 
-    def _set_records(self, ctx: RunContext, pair: str, stats: Mapping[str, list[PositionStats]]) -> None:
-        mode_of_set = set_mode_of(self.spec.prompts)
-        for mode, parts in stats.items():
-            if not parts:
-                continue
-            where = Where(ctx, pair, mode, ALL_PROMPTS, mode_of_set)
-            every = PositionStats.concat(parts)
-            firsts = PositionStats.concat([s.select(slice(s.n - 1, s.n)) for s in parts])
-            for metric, v in {**summarize(every), **summarize(firsts, FIRST_PREFIX)}.items():
-                self.records.append(where.rec("logits", metric, v))
-            self.records.append(where.rec("logits", "near_tie_threshold", self.spec.settings.near_tie))
+
+def aggregate_records(spec: RunSpec, ctx: RunContext, pair: str,
+                      stats: Mapping[str, Sequence[PositionStats]]) -> list[dict[str, Any]]:
+    """The run-level logits records of one column (prompt_id ``*``): the statistics over every
+    teacher-forced position of every prompt and over the first-token positions."""
+    mode_of_set = set_mode_of(spec.prompts)
+    out: list[dict[str, Any]] = []
+    for mode, parts in stats.items():
+        if not parts:
+            continue
+        where = Where(ctx, pair, mode, ALL_PROMPTS, mode_of_set)
+        every = PositionStats.concat(list(parts))
+        firsts = PositionStats.concat([s.select(slice(s.n - 1, s.n)) for s in parts])
+        for metric, v in {**summarize(every), **summarize(firsts, FIRST_PREFIX)}.items():
+            out.append(where.rec("logits", metric, v))
+        out.append(where.rec("logits", "near_tie_threshold", spec.settings.near_tie))
+    return out
 
 
 def _kernels_missing(model: Any) -> list[str]:
@@ -365,4 +375,4 @@ def run_threeway(spec: RunSpec, loaders: ModelLoaders | None = None,
 
 
 __all__ = ["COLUMNS", "RunSpec", "ThreeWayResult", "ColumnResult", "ForwardTime", "run_threeway", "run_reference",
-           "resolve_kernel_backend", "settings_from_rules", "run_context", "set_mode_of"]
+           "resolve_kernel_backend", "settings_from_rules", "run_context", "set_mode_of", "aggregate_records"]

@@ -180,8 +180,13 @@ class EvalStore:
 
     # ---- study summaries ----------------------------------------------------------------------------
     def write_json(self, name: str, obj: Any) -> Path:
+        """Under torchrun rank 0 writes and every rank waits for it (one writer, read after)."""
+        from parity.distributed import barrier, current
+
         path = self.root / f"{name}.json"
-        atomic_write_json(path, obj)
+        if current().main:
+            atomic_write_json(path, obj)
+        barrier()
         return path
 
     def read_json(self, name: str) -> Any | None:

@@ -92,11 +92,17 @@ class Session:
 def progress_line(console: Console) -> Callable:
     from rich.console import Console
 
+    from parity.distributed import current
+
     err = Console(stderr=True, force_terminal=console.is_terminal)
+    w = current()
+    who = f"rank {w.rank}/{w.size}: " if w.active else ""
 
     def hook(plan, ev: Evaluation) -> None:
         how = "stored" if ev.cached else f"{ev.manifest.get('seconds', 0.0):.2f} s"
-        err.print(f"[dim]evaluated {plan.name} ({how})[/dim]")
+        if ev.cached and w.active and not w.main:
+            return                      # under torchrun: each rank names what it computed, rank 0 the rest
+        err.print(f"[dim]{who}evaluated {plan.name} ({how})[/dim]")
     return hook
 
 
@@ -105,7 +111,10 @@ def open_session(args: argparse.Namespace, console: Console, *, reuse: bool | No
     from .cache import EvalStore
     from .evaluate import Evaluator
 
-    device = parse_device(args.device)
+    from parity.distributed import init
+
+    # under torchrun: join the launch (gloo on CPU, nccl on CUDA); evaluations spread over the ranks
+    _, device = init(parse_device(args.device))
     source = resolve_checkpoint(args.checkpoint, args.seed)
     set_threads(args.threads, device, source.config)
     prompts = pick_prompts(source, args.mode, args.prompt)
@@ -117,7 +126,10 @@ def open_session(args: argparse.Namespace, console: Console, *, reuse: bool | No
 
 def run_tool(body: Callable[[Console], int], args: argparse.Namespace | None = None, **kinds: str) -> int:
     """The error boundary; ``args``' output paths (``--records`` a store directory) are checked first."""
-    return run_cli(body, outputs=outputs_of(args, **{"records": "dir", **kinds}) if args is not None else None)
+    from parity.distributed import env_world, quiet_console
+
+    console = None if env_world().main else quiet_console()     # under torchrun rank 0 prints the report
+    return run_cli(body, console, outputs=outputs_of(args, **{"records": "dir", **kinds}) if args is not None else None)
 
 
 __all__ = ["ALL_MODES", "Session", "add_common", "default_records_dir", "open_session", "pick_prompts", "run_tool"]

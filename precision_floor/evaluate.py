@@ -207,6 +207,32 @@ class Scorer:
     def evaluate(self, plan: PrecisionPlan, columns: Sequence[str] = (SCORE_PAIR,),
                  backend: str = EMULATED) -> Evaluation:
         key = self.key(plan, columns, backend)
+        if key.digest() not in self._session:
+            self.prefetch([plan], columns, backend)    # under torchrun: one rank computes it, the others read it
+        return self._evaluate_here(plan, key, columns, backend)
+
+    def prefetch(self, plans: Sequence[PrecisionPlan], columns: Sequence[str] = (SCORE_PAIR,),
+                 backend: str = EMULATED) -> None:
+        """Evaluations a study will certainly ask for next: under a multi-rank torchrun launch they are
+        spread over the ranks (:mod:`precision_floor.distributed`; every rank must call this with the
+        same plans); in one process nothing happens here (``evaluate`` computes on demand)."""
+        from parity.distributed import current
+
+        if current().active:
+            from .distributed import prefetch
+
+            prefetch(self, plans, columns, backend)
+
+    def stored(self, key: EvalKey) -> bool:
+        """Would ``evaluate`` read ``key`` from the store rather than compute it?"""
+        here = _COMPUTED_IN_PROCESS.setdefault(str(Path(self.store.root).resolve()), set())
+        return (self.reuse or key.digest() in here) and self.store.has(key)
+
+    def mark_computed(self, digests: Sequence[str]) -> None:
+        """Evaluations another rank of this launch computed: this process reads them, even without reuse."""
+        _COMPUTED_IN_PROCESS.setdefault(str(Path(self.store.root).resolve()), set()).update(digests)
+
+    def _evaluate_here(self, plan: PrecisionPlan, key: EvalKey, columns: Sequence[str], backend: str) -> Evaluation:
         digest = key.digest()
         if digest in self._session:
             return self._session[digest]
@@ -246,6 +272,10 @@ class Replay(Scorer):
     """Reads evaluations from a store and never runs a model: re-deriving a study (flip tables, the
     search's path) from records. A missing evaluation is a :class:`StoreError`."""
 
+    def prefetch(self, plans: Sequence[PrecisionPlan], columns: Sequence[str] = (SCORE_PAIR,),
+                 backend: str = EMULATED) -> None:
+        """Nothing to spread: a replay only reads."""
+
     def _compute(self, plan: PrecisionPlan, key: EvalKey, columns: Sequence[str], backend: str) -> Evaluation:
         raise StoreError(f"store {self.store.root}: no evaluation of plan {plan.name!r} (columns {list(columns)}, "
                          f"backend {backend}, fault {self.context.fault}) for this context; run the study's "
@@ -264,8 +294,12 @@ class Evaluator(Scorer):
                  fault: str | None = None, device: str = "cpu", settings: CompareSettings | None = None,
                  topk: int = 5, reuse: bool = True, on_evaluated: EvalHook | None = None,
                  manifest_extra: Callable[[PrecisionPlan], dict[str, Any]] | None = None) -> None:
-        context = EvalContext(source.fingerprint, prompt_set_digest(prompts), profile, code_version(),
-                              tuple(modes), fault)
+        from parity.distributed import broadcast
+
+        # under torchrun every rank keys the store as rank 0 does (a commit landing between two ranks'
+        # start would otherwise give them different code versions, so different store keys)
+        context = broadcast(EvalContext(source.fingerprint, prompt_set_digest(prompts), profile, code_version(),
+                                        tuple(modes), fault))
         super().__init__(store, context, reuse=reuse, on_evaluated=on_evaluated)
         self.source, self.prompts = source, list(prompts)
         self.loaders = loaders or DefaultLoaders()

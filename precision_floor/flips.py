@@ -123,6 +123,9 @@ def run_flips(ev: Scorer, classes: Sequence[str] | None = None,
     from dsv4.plan import PrecisionPlan
 
     classes = check_classes(classes)
+    # every plan of the tables, known ahead: spread over the ranks under torchrun (no-op in one process)
+    getattr(ev, "prefetch", lambda plans: None)([PrecisionPlan.preset(DIRECTIONS[d][0]) for d in DIRECTIONS if d in directions]
+                + [flip_plan(d, c) for d in DIRECTIONS if d in directions for c in classes])
     baselines: dict[str, PlanScore] = {}
     frames: dict[str, pd.DataFrame] = {}
     for direction in ("rescue", "damage"):

@@ -163,6 +163,8 @@ def floor_search(ev: Scorer, budget: Budget, classes: Sequence[str] | None = Non
         raise FloorInputError(f"search strategy: expected one of {list(STRATEGIES)}, found {strategy!r}")
     classes = check_classes(classes)
     visited: dict[str, PlanScore] = {}
+    # batches known ahead, spread over the ranks under torchrun (a scorer without prefetch: one process)
+    prefetch = getattr(ev, "prefetch", lambda plans: None)
 
     def score(plan: PrecisionPlan) -> PlanScore:
         s = ev.score(plan)
@@ -184,6 +186,7 @@ def floor_search(ev: Scorer, budget: Budget, classes: Sequence[str] | None = Non
     ranking: list[tuple[str, PlanScore]] = []
     if strategy == "ranked":
         # Quark AMP: the rescue table (each class promoted alone) fixes the order once.
+        prefetch([current.replace(**{c: "bf16"}) for c in classes])
         ranking = sorted(((c, score(current.replace(**{c: "bf16"}))) for c in classes),
                          key=lambda t: (t[1].kl, t[1].bytes, FLIP_CLASSES.index(t[0])))
     while not budget.holds(cur):
@@ -195,6 +198,7 @@ def floor_search(ev: Scorer, budget: Budget, classes: Sequence[str] | None = Non
             cands: list[tuple[str, PlanScore]] = ranking if not promoted else []
             best = (c, score(current.replace(**{c: "bf16"})))
         else:
+            prefetch([current.replace(**{c: "bf16"}) for c in remaining])   # a step's candidates
             cands = [(c, score(current.replace(**{c: "bf16"}))) for c in remaining]
             best = cands[0]
             for cand in cands[1:]:
@@ -206,6 +210,7 @@ def floor_search(ev: Scorer, budget: Budget, classes: Sequence[str] | None = Non
     met = budget.holds(cur)
     # Phase 2: revert promotions the budget does not need (only meaningful once it holds).
     while met:
+        prefetch([current.replace(**{c: "fp4"}) for c in promoted])
         cands = [(c, score(current.replace(**{c: "fp4"}))) for c in promoted]
         ok = [(c, s) for c, s in cands if budget.holds(s)]
         if not ok:
@@ -253,6 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The report's per-layer curves and top-k tables: the floor plan in every column; and the
         # presets as reference points of the Pareto plot.
         column_run(session.evaluator, result.floor)
+        session.evaluator.prefetch([PrecisionPlan.preset(n) for n in REFERENCE_PLANS])
         for name in REFERENCE_PLANS:
             session.evaluator.score(PrecisionPlan.preset(name))
         session.store.write_json("search", {**session.header(), "classes": list(classes or FLIP_CLASSES),
