@@ -99,9 +99,11 @@ def unclamped_sigmoid_epilogue(y: torch.Tensor, swiglu_limit: float | None) -> t
     return (torch.clamp(g, max=swiglu_limit) * torch.sigmoid(g) * up).to(torch.bfloat16)
 
 
-def kernel_fault(name: str, epilogue: Epilogue = emulated._epilogue, **pieces: Any) -> KernelFault:
-    """A stand-in kernel backend with one piece replaced (see :class:`EpilogueBackend`)."""
-    return KernelFault(name, lambda device: EpilogueBackend(name, epilogue, **pieces))
+def kernel_fault(name: str, epilogue: Epilogue = emulated._epilogue, *, around: Any = None,
+                 **pieces: Any) -> KernelFault:
+    """A stand-in kernel backend with one piece replaced (see :class:`EpilogueBackend`); ``around``
+    (a :class:`parity.bugzoo.around.Around`): the same fault injected around a real kernel's calls."""
+    return KernelFault(name, lambda device: EpilogueBackend(name, epilogue, **pieces), around)
 
 
 # ---- subtle kernel faults of the kind written outside the project (docs/bugzoo.md) -----------------
@@ -167,14 +169,23 @@ def installed(kf: KernelFault) -> Iterator[str]:
             registry.unregister_backend(kf.name)
 
 
+def is_real_kernel(backend: Any) -> bool:
+    """A backend that runs kernels of its own: not ``emulated`` and not a zoo stand-in copy of it."""
+    return backend.name != "emulated" and not isinstance(backend, emulated.EmulatedBackend)
+
+
 def swap_backend(model: object, kf: KernelFault) -> contextlib.AbstractContextManager[None]:
-    """Move every dispatcher of ``model`` onto the backend ``kf`` (restored on exit)."""
+    """Put the fault ``kf`` into every dispatcher of ``model`` (restored on exit): around the real
+    kernel backend a dispatcher runs, when ``kf`` can be injected around one; else its stand-in."""
     stack = contextlib.ExitStack()
     for dev, dispatcher in getattr(model, "dispatchers").items():
-        stack.enter_context(patched(dispatcher, "backend", kf.factory(torch.device(dev))))
+        current = dispatcher.backend
+        new = kf.around.wrap(current) if kf.around is not None and is_real_kernel(current) \
+            else kf.factory(torch.device(dev))
+        stack.enter_context(patched(dispatcher, "backend", new))
     return stack
 
 
 __all__ = ["EpilogueBackend", "CLEAN_COPY", "CLEAN_KERNEL", "unclamped_sigmoid_epilogue", "kernel_fault",
            "scale_from_neighbour", "ktail_dropped", "tile_row_unwritten", "act_scale_bumped", "alpha_of_next_expert",
-           "installed", "swap_backend"]
+           "installed", "is_real_kernel", "swap_backend"]

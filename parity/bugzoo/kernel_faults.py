@@ -24,13 +24,21 @@ from typing import Any, Iterator
 
 from .backends import act_scale_bumped, alpha_of_next_expert, kernel_fault, ktail_dropped, scale_from_neighbour, swap_backend, \
     tile_row_unwritten
+from .around import Around
 from .registry import register_fault
 
-SCALE_NEIGHBOUR = kernel_fault("bugzoo-kernel-scale-neighbour", weight_scales=scale_from_neighbour)
-KTAIL = kernel_fault("bugzoo-kernel-ktail-dropped", matmul=ktail_dropped(192))
-ROW_UNWRITTEN = kernel_fault("bugzoo-kernel-row-unwritten", rows=tile_row_unwritten)
-ACT_SCALE = kernel_fault("bugzoo-kernel-act-scale-1-in-64", act_scales=act_scale_bumped)
-NEXT_ALPHA = kernel_fault("bugzoo-kernel-alpha-of-next-expert", alpha_of=alpha_of_next_expert)
+# Each fault twice: its stand-in (a copy of emulated with the piece replaced) and, as ``around``, the
+# same fault injected around a real kernel's calls, which the zoo uses wherever a kernel backend runs.
+SCALE_NEIGHBOUR = kernel_fault("bugzoo-kernel-scale-neighbour", weight_scales=scale_from_neighbour,
+                               around=Around(weight_scale_bytes=scale_from_neighbour))
+KTAIL = kernel_fault("bugzoo-kernel-ktail-dropped", matmul=ktail_dropped(192),
+                     around=Around(a_code_tail=lambda k: (k // 192) * 192 if k > 192 else None))
+ROW_UNWRITTEN = kernel_fault("bugzoo-kernel-row-unwritten", rows=tile_row_unwritten,
+                             around=Around(output_rows=tile_row_unwritten))
+ACT_SCALE = kernel_fault("bugzoo-kernel-act-scale-1-in-64", act_scales=act_scale_bumped,
+                         around=Around(act_scale_bytes=act_scale_bumped))
+NEXT_ALPHA = kernel_fault("bugzoo-kernel-alpha-of-next-expert", alpha_of=alpha_of_next_expert,
+                          around=Around(expert_shift=1))
 
 
 @register_fault("kernel_weight_scale_neighbour", layer=0, component="attn_q", column="bug_budget",

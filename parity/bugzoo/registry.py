@@ -64,10 +64,13 @@ class FaultTargetError(TypeError):
 
 @dataclass(frozen=True)
 class KernelFault:
-    """A faulty kernel backend: ``factory(device) -> Backend`` registered under ``name``."""
+    """A faulty kernel backend: ``factory(device) -> Backend`` registered under ``name`` (a stand-in for
+    devices without a kernel backend). ``around``, when given, injects the same fault around a real
+    kernel backend's calls (:mod:`parity.bugzoo.around`): where one executes, the fault runs on it."""
 
     name: str
     factory: Callable[[torch.device], Backend]
+    around: Any = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,9 @@ class Fault:
     backend: KernelFault | None = None
     modes: tuple[str, ...] = ("isolated",)
     module: str = ""
+    # a weight or loader bug lives in the checkpoint: ``checkpoint(path) -> path`` writes a faulty copy
+    # that the native side of the fault's column loads (its loader and weight audit see the bug too)
+    checkpoint: Callable[[str], str] | None = None
 
     def __call__(self, model: Any) -> ContextManager[None]:
         """A context manager patching ``model`` (a native model instance) for its duration."""
@@ -95,7 +101,7 @@ class Fault:
     def expectation(self) -> dict[str, Any]:
         return {"column": self.column, "layer": self.layer, "component": self.component,
                 "localization": list(self.localization), "modes": list(self.modes),
-                "backend": self.backend.name if self.backend else None}
+                "backend": self.backend.name if self.backend else None, "checkpoint": self.checkpoint is not None}
 
 
 _FAULTS: dict[str, Fault] = {}
@@ -119,11 +125,13 @@ def block_of(model: Any, layer: int) -> Any:
 
 def register_fault(name: str, *, layer: int | None, component: str, column: str, description: str,
                    localization: tuple[str, ...] | None = None, backend: KernelFault | None = None,
-                   modes: tuple[str, ...] = ("isolated",), replace: bool = False
+                   modes: tuple[str, ...] = ("isolated",), replace: bool = False,
+                   checkpoint: Callable[[str], str] | None = None
                    ) -> Callable[[Callable[[Any], Iterator[None]]], Fault]:
     """Decorator over a generator ``fn(model)`` that patches, yields once, and restores (in a
     ``with``/``finally``). Returns the :class:`Fault`. A second registration under the same name is
-    an error unless ``replace=True`` or it is the same function re-imported."""
+    an error unless ``replace=True`` or it is the same function re-imported. ``checkpoint``: a weight or
+    loader bug, ``checkpoint(path) -> faulty_path``; the fault's native side is loaded from the copy."""
     if not isinstance(name, str) or not name.strip():
         raise FaultError(f"fault name: expected a non-empty string, found {name!r}")
     if column not in PAIRS:
@@ -141,6 +149,8 @@ def register_fault(name: str, *, layer: int | None, component: str, column: str,
     if "isolated" not in modes:
         raise FaultError(f"fault {name!r}: modes must include 'isolated' (localization reads the isolated "
                          f"first divergence), found {list(modes)}")
+    if checkpoint is not None and not callable(checkpoint):
+        raise FaultError(f"fault {name!r}: checkpoint: expected a callable path -> path, found {checkpoint!r}")
     if backend is not None and column != "bug_budget":
         raise FaultError(f"fault {name!r}: a faulty kernel backend shows in the bug_budget column, found "
                          f"column {column!r}")
@@ -153,7 +163,7 @@ def register_fault(name: str, *, layer: int | None, component: str, column: str,
             raise FaultError(f"fault {name!r}: already registered by {old.module}; pass replace=True to "
                              f"override it")
         f = Fault(name, layer, component, column, description.strip(), loc, contextlib.contextmanager(fn),
-                  backend, tuple(modes), fn.__module__)
+                  backend, tuple(modes), fn.__module__, checkpoint)
         _FAULTS[name] = f
         return f
 

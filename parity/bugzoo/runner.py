@@ -174,10 +174,18 @@ class FaultLoaders:
 
     def native(self, path: str, *, plan: Any, backend: str, device: str,
                device_map: Mapping[Any, str] | None) -> Any:
-        model = self.base.native(path, plan=plan, backend=backend, device=device, device_map=device_map)
         # logic / floor faults patch the emulated side of their column; a kernel fault the kernel side
         kernel_side = backend != EMULATED
-        if kernel_side == (self.fault.column == "bug_budget"):
+        ours = kernel_side == (self.fault.column == "bug_budget")
+        faulty = self.fault.checkpoint(path) if ours and self.fault.checkpoint is not None else None
+        model = self.base.native(faulty or path, plan=plan, backend=backend, device=device, device_map=device_map)
+        if faulty is not None and hasattr(model, "fingerprint"):
+            # a weight / loader bug: the faulty copy is what loaded, deliberately; the run's guard against
+            # a loader serving another checkpoint compares with the source's fingerprint, kept beside it
+            from dsv4.checkpoint import open_checkpoint
+
+            model.faulty_fingerprint, model.fingerprint = model.fingerprint, open_checkpoint(path).fingerprint()
+        if ours:
             self.stack.enter_context(self.fault(model))
         return model
 
@@ -263,7 +271,10 @@ def run_one(spec: ZooSpec, fault: Fault | None, *, loaders: ModelLoaders | None 
     with contextlib.ExitStack() as stack:
         backend = spec.backend
         kernel = fault.backend if fault is not None else None
-        if "bug_budget" in columns and kernel is None and resolve_kernel_backend(spec.backend, spec.device)[0] is None:
+        real = resolve_kernel_backend(spec.backend, spec.device)[0] if "bug_budget" in columns else None
+        if kernel is not None and kernel.around is not None and real is not None:
+            kernel, backend = None, real   # the fault is injected around the real kernel's calls (swap_backend)
+        if "bug_budget" in columns and kernel is None and real is None:
             kernel = CLEAN_KERNEL     # no kernel backend executes here: a clean copy of emulated stands in
         if kernel is not None:
             backend = stack.enter_context(installed(kernel))

@@ -148,7 +148,8 @@ def _summary(spec: DecodeSpec, run: DecodeRun, verdict: Any, free_fail: list[str
             "device": device_name(spec.device), "near_tie_logprob": spec.settings.near_tie,
             "verdict": verdict.summary(), "free_running_failures": free_fail, "prompts": prompts,
             "native_decode": "cuda_graphs" if spec.graphs else "eager", "graph_segments": run.graph_segments,
-            "timing": {"wall_seconds": wall, **run.timing}}
+            "timing": {"wall_seconds": wall, **run.timing},
+            "audit": run.audit.summary() if run.audit is not None else None}
 
 
 def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = None,
@@ -163,7 +164,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
         from ..rules import load_rules
         from ..verdict import evaluate
         from .records import aggregate_records, context, free_running_failures, prompt_records
-        from .render import probe_table, stat_table, step_table, streams_panel
+        from .render import audit_report, probe_table, stat_table, step_table, streams_panel
         from .run import run_decode
 
         t_start = time.perf_counter()
@@ -176,6 +177,8 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
         ctx = context(spec, run.native_backend)
         per_prompt = [prompt_records(spec, ctx, res) for res in run.results]
         records = [x for recs in per_prompt for x in recs] + aggregate_records(spec, ctx, run.results)
+        if run.audit is not None:   # judged by the built-in exact rules (audit_violations <= 0)
+            records += run.audit.records(ctx, {res.prompt.id: res.prompt.mode for res in run.results})
         df = to_frame(records)
         free_fail = free_running_failures(df) if spec.mode == "free" else []
         verdict = evaluate(df, rules, free_fail)
@@ -196,6 +199,8 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
             step_table(console, res)
             probe_table(console, recs, res, kinds)
         stat_table(console, df, spec.pair, spec.mode.replace("_", "-"))
+        if run.audit is not None:
+            audit_report(console, run.audit, run.native_backend)
         rules_report(console, verdict, rules)
         wall = time.perf_counter() - t_start
         steps = sum(r.compared for r in run.results)

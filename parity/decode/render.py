@@ -128,3 +128,15 @@ def stat_table(console: Console, df: pd.DataFrame, pair: str, mode: str) -> None
             e = vals.get(se) if se else None
             t.add_row(label, sig(vals[metric], 4) + (f" ± {sig(e, 2)}" if e is not None else ""))
     console.print(t)
+
+
+def audit_report(console: Any, auditor: Any, backend: str) -> None:
+    """The exact kernel audit of the native decode: every eager kernel call replayed through the oracle."""
+    s = auditor.summary()
+    for v in auditor.violations[:10]:
+        console.print(f"VIOLATION {v.describe()}", markup=False, highlight=False, soft_wrap=True)
+    for e in auditor.errors[:10]:
+        console.print(f"ERROR {e}", markup=False, highlight=False, soft_wrap=True)
+    console.print(f"kernel audit on {backend}: {s['calls']} calls, {s['violating_calls']} violating, "
+                  f"{len(s['errors'])} not replayable -> {'PASS' if auditor.passed else 'FAIL'}",
+                  markup=False, highlight=False, soft_wrap=True)

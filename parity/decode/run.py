@@ -116,6 +116,9 @@ class DecodeRun:
     timing: dict[str, float]
     native_backend: str
     graph_segments: list[dict[str, Any]] = field(default_factory=list)   # with --graphs: the decoder's report
+    # On a kernel backend every native kernel call is judged by the exact audit (parity.audit); a CUDA
+    # graph's replays launch no Python call, so with --graphs it sees the eager calls and the captures.
+    audit: Any = None
 
 
 def _graph_decoder(native: Any) -> Any:
@@ -159,17 +162,27 @@ def run_decode(spec: DecodeSpec, loaders: ModelLoaders | None = None, progress: 
     timing["native_load"] = time.perf_counter() - t0
     backend = ",".join(sorted(set(getattr(native, "backend_names", dict)().values()))) or spec.backend
     dec = _graph_decoder(native) if spec.graphs else None
+    auditor = None
+    if set(getattr(native, "backend_names", dict)().values()) - {"emulated"}:
+        from ..audit import CallAuditor
+
+        auditor = CallAuditor()
+        auditor.attach(native)
     results = []
     for p in spec.prompts:
         r = refs[p.id]
+        if auditor is not None:
+            auditor.prompt_id = p.id
         nat_forced = r.targets if spec.mode == "teacher_forced" else None
         n = _run_side(native, p, spec, steps[p.id], forced=nat_forced, choose=greedy, progress=progress,
                       label="native", step_fn=dec.step if dec else None)
         results.append(_analyze(spec, p, r, n, steps[p.id]))
     segments = [s.__dict__ for s in dec.report()] if dec else []
+    if auditor is not None:
+        auditor.detach()
     native = dec = None
     free_memory(spec.device)
-    return DecodeRun(results, timing, backend, segments)
+    return DecodeRun(results, timing, backend, segments, auditor)
 
 
 def _analyze(spec: DecodeSpec, p: EncodedPrompt, r: SideRun, n: SideRun, steps: list[int]) -> PromptResult:

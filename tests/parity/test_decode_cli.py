@@ -150,3 +150,19 @@ def test_free_running_verdict_from_records() -> None:
 def test_logit_ranges_ignore_masked_entries() -> None:
     x = torch.tensor([[1.0, -2.0, float("-inf")], [0.5, 0.5, 3.0]])
     assert decode.logit_ranges(x).tolist() == [3.0, 2.5]
+
+
+@pytest.mark.parametrize("bug, rc_want", [("", 0), ("ktail", 1)])
+def test_a_kernel_backends_decode_calls_are_audited(tmp_path: Path, monkeypatch, bug: str, rc_want: int) -> None:
+    """On a kernel backend (the example package here; cutedsl_sm90 on an H100) every native decode call
+    is replayed through the oracle: a clean kernel has 0 violations, a faulty one fails the verdict."""
+    pytest.importorskip("tiled_gemm_backend")
+    from tiled_gemm_backend import BUG_ENV
+
+    monkeypatch.setenv(BUG_ENV, bug)
+    js = tmp_path / "s.json"
+    rc, out = _run(CAPITAL + ["--tokens", "4", "--backend", "tiled_gemm", "--json", str(js)])
+    assert rc == rc_want, out
+    audit = json.loads(js.read_text())["audit"]
+    assert audit["calls"] > 0 and "kernel audit on tiled_gemm" in out
+    assert (audit["violating_calls"] == 0) == (bug == ""), audit

@@ -68,7 +68,7 @@ class ActQuantRunner:
 
     def __init__(self, arch: str):
         self.arch = arch
-        self._cache = KernelCache()
+        self._cache = KernelCache(scope=("act-quant", arch))   # keyed by device below
 
     def run(self, req: ActQuantRequest, *, check_values: bool = True) -> FP4Operand:
         """``check_values=False`` (implied while capturing a CUDA graph) skips the contract's host
@@ -104,7 +104,7 @@ class ActQuantRunner:
         cfg = ActQuantConfig(rms=w is not None, rms_weight_f32=w is not None and w.dtype == torch.float32,
                              runtime_scale=g_in is None, swizzled=req.scale_layout == "swizzled",
                              recipe=req.recipe)
-        amax_exe, quant_exe = self._cache.get((self.arch, cfg), lambda: compile_act_quant(cfg, self.arch))
+        amax_exe, quant_exe = self._cache.get((str(dev), cfg), lambda: compile_act_quant(cfg, self.arch))
         _, wdt = _ptr_types(cfg)
         w_t = w if w is not None else x  # never read without RMSNorm
         stream = cu_stream(dev)

@@ -71,7 +71,7 @@ class Sm100Backend:
 
     def __init__(self, device: str | torch.device = "cuda"):
         self.device = torch.device(device)
-        self.cache = KernelCache()
+        self.cache = KernelCache(scope=("sm100-gemm", str(self.device)))   # shared by every load in the process
         self._act_quant: dict[str, object] = {}  # arch -> ActQuantRunner (its own compile cache)
 
     # ---- host-side packing (device-agnostic) ----------------------------------------------------

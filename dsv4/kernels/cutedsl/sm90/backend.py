@@ -40,15 +40,16 @@ def compile_gemm(cfg: GemmConfig, arch: str = ARCH, *, keep_ptx: bool = False):
 class Sm90Backend:
     """NVFP4 GEMMs and activation quantization on Hopper (sm_90a) through CuTe DSL kernels.
 
-    Compiled executors are cached per backend instance by (arch, shape class); the per-shape
-    values (M, N, K, splits, ...) are runtime arguments, so a new M does not recompile.
+    Compiled executors are cached per (device, arch, shape class) for the whole process (a model
+    loaded again reuses them); the per-shape values (M, N, K, splits, ...) are runtime arguments, so
+    a new M does not recompile.
     """
 
     name = "cutedsl_sm90"
 
     def __init__(self, device: torch.device | str = "cuda"):
         self.device = torch.device(device)
-        self._gemms = KernelCache()
+        self._gemms = KernelCache(scope=("sm90-gemm", str(self.device)))
         self._act = ActQuantRunner(ARCH)
         self._counters: torch.Tensor | None = None
         self._num_sms: int | None = None
