@@ -315,3 +315,4 @@ def hash_routing_ignored(model: Any) -> Iterator[None]:
 
 from . import kernel_faults  # noqa: E402,F401  (registers the kernel faults judged by the audit)
 from . import logic_faults  # noqa: E402,F401  (faults of new kinds: mHC, RoPE, indexer size, KV scales)
+from . import field_faults  # noqa: E402,F401  (bugs fixed in public by the engines: docs/bugzoo.md "Bugs from the field")

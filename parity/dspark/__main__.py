@@ -6,7 +6,9 @@ before/after the Markov correction, confidence), then greedy speculation for the
 pairs and the crossed ones (reference target + native draft, native target + reference draft), with
 losslessness checked against plain greedy decoding. Every check prints its bound and the bound's origin.
 
-``python -m parity.dspark calibrate`` writes the floor rules of a checkpoint.
+``python -m parity.dspark calibrate`` writes the floor rules of a checkpoint; ``acceptance --counts FILE``
+judges an engine's acceptance counts (within the NVFP4 τ band or a bug); ``acceptance-dump`` writes
+such a file from our native model.
 Exit codes: 0 every judged check passes, 1 a check failed, 2 bad input, 3 tool failure."""
 from __future__ import annotations
 
@@ -56,6 +58,22 @@ def build_parser() -> argparse.ArgumentParser:
     z.add_argument("--fault", action="append", help="a DSpark fault name (repeatable; default all)")
     z.add_argument("--tokens", type=int, default=S, help="tokens per prompt of each speculative pair (default 32)")
     z.add_argument("--rules", default=S, help="floor rules TOML")
+    a = sub.add_parser("acceptance", help="judge an engine's acceptance counts against the reference on the same "
+                                          "steps: within the NVFP4 τ band or a bug (docs/dspark.md)")
+    _common(a, subcommand=True)
+    a.add_argument("--counts", required=True, metavar="FILE", help="the engine's counts file (JSONL, docs/dspark.md)")
+    a.add_argument("--json", default=None, help="write the verdict as JSON here")
+    d = sub.add_parser("acceptance-dump", help="write a counts file from our native model (optionally with a DSpark fault)")
+    _common(d, subcommand=True)
+    d.add_argument("--out", required=True, help="the counts file to write (draft logits beside it)")
+    d.add_argument("--k", type=int, default=None, help="num_speculative_tokens (default: dspark_block_size)")
+    d.add_argument("--precision", choices=("nvfp4", "fp32"), default="nvfp4",
+                   help="nvfp4: plan default; fp32: the all-fp32 plan (judged exactly)")
+    d.add_argument("--fault", default=None, help="a DSpark fault of the bug zoo patched into the draft")
+    d.add_argument("--mode", choices=("chat", "thinking"), default=S)
+    d.add_argument("--prompt", action="append", default=S, help="prompt id of the set or free text (repeatable)")
+    d.add_argument("--tokens", type=int, default=S, help="tokens per prompt (default 32)")
+    d.add_argument("--no-logits", action="store_true", help="leave the draft logits out")
     c = sub.add_parser("calibrate", help="write the floor rules of a checkpoint from the calibration prompts")
     _common(c, subcommand=True)
     c.add_argument("--prompt-set", default=S, help=f"calibration prompt set (default {CALIBRATION_SET})")
@@ -189,8 +207,41 @@ def main(argv: Sequence[str] | None = None, console: Any = None) -> int:
         render_zoo(console, clean, rows)
         return EXIT_PASS if clean.localized and all(r.ok for r in rows) else EXIT_FAIL
 
-    body = {"calibrate": calibrate, "zoo": zoo}.get(args.command, run)
-    kinds = {"out": "file"} if args.command == "calibrate" else {}
+    def acceptance(console: Any) -> int:
+        from ..records import atomic_write_json, json_safe
+        from .acceptance import judge_acceptance, read_dump, render
+
+        dump = read_dump(args.counts)
+        device = parse_device(args.device)
+        _source(args, device)      # threads, and a bad checkpoint is one error before any replay
+        verdict = judge_acceptance(dump, args.checkpoint, device=device, progress=_progress)
+        render(console, dump, verdict)
+        if args.json:
+            atomic_write_json(args.json, json_safe(verdict.to_dict()))
+        return EXIT_PASS if verdict.passed else EXIT_FAIL
+
+    def acceptance_dump(console: Any) -> int:
+        from ..bugzoo.dspark_faults import DSPARK_FAULTS
+        from ..errors import ParityInputError
+        from ..inputs import encode_prompts, select_prompts
+        from .acceptance_dump import dump_native
+
+        if args.fault and args.fault not in DSPARK_FAULTS:
+            raise ParityInputError(f"--fault: expected a DSpark fault {sorted(DSPARK_FAULTS)}, found {args.fault!r}")
+        src = _source(args, parse_device(args.device))
+        k = args.k or src.config.dspark_block_size
+        if not 1 <= k <= src.config.dspark_block_size:
+            raise ParityInputError(f"--k: expected 1..{src.config.dspark_block_size} (dspark_block_size), found {k}")
+        prompts = encode_prompts(select_prompts(args.mode, args.prompt, None), src.tokenizer, src.config.vocab_size)
+        out = dump_native(args.checkpoint, args.out, prompts=prompts, k=k, n_tokens=args.tokens,
+                          precision=args.precision, fault=args.fault, with_logits=not args.no_logits,
+                          device=parse_device(args.device))
+        console.print(f"wrote {out}")
+        return EXIT_PASS
+
+    body = {"calibrate": calibrate, "zoo": zoo, "acceptance": acceptance,
+            "acceptance-dump": acceptance_dump}.get(args.command, run)
+    kinds = {"out": "file"} if args.command in ("calibrate", "acceptance-dump") else {}
     return run_cli(body, console, outputs_of(args, **kinds))
 
 
