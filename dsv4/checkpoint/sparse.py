@@ -134,6 +134,23 @@ def sparse_checkpoint(config: DSV4Config, flavor: str, out: Path, shard_bytes: i
     return out
 
 
+def read_headers(path: str | Path) -> dict[str, dict[str, tuple[str, tuple[int, ...]]]]:
+    """``{shard: {name: (dtype, shape)}}`` from a headers JSON (gzip'd when it ends in .gz)."""
+    import gzip
+
+    p = Path(path)
+    raw = json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text())
+    return {f: {n: (m["dtype"], tuple(m["shape"])) for n, m in t.items() if n != "__metadata__"}
+            for f, t in raw.items()}
+
+
+def published_config(preset_or_path: str) -> dict | None:
+    """The config.json given as a path (a file, or a directory holding one), as published; None for a preset."""
+    p = Path(preset_or_path)
+    p = p / "config.json" if p.is_dir() else p
+    return json.loads(p.read_text()) if p.is_file() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..config import load_config
     from .errors import CheckpointError
@@ -143,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="flash", help="a config preset (flash, pro, flash-0731, pro-0813, tiny) "
                    "or a config.json")
     p.add_argument("--flavor", default="official", choices=FLAVORS)
-    p.add_argument("--headers", help="JSON {shard: {name: {dtype, shape}}} of a published checkpoint")
+    p.add_argument("--headers", help="JSON (or .json.gz) {shard: {name: {dtype, shape}}} of a published checkpoint; "
+                   "with a config.json as --preset, that file is copied verbatim")
     p.add_argument("--out", required=True)
     p.add_argument("--shard-bytes", type=int, default=DEFAULT_SHARD_BYTES)
     a = p.parse_args(argv)
@@ -151,10 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(a.preset)
         out = Path(a.out)
         if a.headers:
-            raw = json.loads(Path(a.headers).read_text())
-            shards = {f: {n: (m["dtype"], tuple(m["shape"])) for n, m in t.items() if n != "__metadata__"}
-                      for f, t in raw.items()}
-            write_sparse(out, shards, config.to_hf_dict())
+            write_sparse(out, read_headers(a.headers), published_config(a.preset) or config.to_hf_dict())
         else:
             sparse_checkpoint(config, a.flavor, out, a.shard_bytes)
     except (CheckpointError, ValueError, OSError) as e:
