@@ -58,6 +58,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--mode", default="chat")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", default=None, help="also write the figures as JSON here (card named)")
     args = ap.parse_args()
     src = resolve_checkpoint(args.checkpoint, 0)
     set_threads(None, args.device, src.config)
@@ -99,6 +100,16 @@ def main() -> int:
     s = auditor.summary()
     print(f"  verdict: {s['calls']} calls audited ({args.repeat} runs), {s['violating_calls']} violating, worst "
           f"{s['worst_ratio']:.3g} bounds; weights {'exact' if wa.passed else 'MISMATCH'}")
+    if args.json:
+        from parity.env import device_name
+        from parity.records import atomic_write_json
+
+        atomic_write_json(args.json, {
+            "checkpoint": src.config_name, "plan": args.plan, "backend": name, "device": device_name(args.device),
+            "prompts": len(ids), "tokens": tokens, "repeat": args.repeat, "seconds": {
+                "plain": plain, "emulated": emu, "audited": aud, "weight_audit": weights},
+            "audited_over_plain": aud / plain, "audit_overhead_over_emulated": (aud - plain) / emu,
+            "calls": s["calls"], "violating_calls": s["violating_calls"], "weights_exact": wa.passed})
     return 0 if auditor.passed and wa.passed else 1
 
 

@@ -110,23 +110,28 @@ def cmd_weights(args: Any, console: Any) -> int:
 
 
 def cmd_run(args: Any, console: Any) -> int:
-    from ..cli import EXIT_FAIL, EXIT_PASS
+    from ..cli import EXIT_FAIL, EXIT_PASS, EXIT_TOOL_FAILED
     from ..inputs import encode_prompts, select_prompts
     from ..records import atomic_write_json, new_run_id
     from . import CallAuditor, export_repro
 
     run_id = new_run_id()
+    failure = None
     with usable_backend(args.backend) as args.backend:
         src, model, device = _load(args, console)
         prompts = encode_prompts(select_prompts(args.mode, args.prompt, args.prompt_set), src.tokenizer,
                                  src.config.vocab_size)
         auditor = CallAuditor()
-        with auditor.attached(model):
-            for n, p in enumerate(prompts):
-                auditor.prompt_id = p.id
-                model(p.tensor().to(device))
-                say(console, f"  [{n + 1}/{len(prompts)}] {p.id}: {auditor.calls} calls audited, "
-                              f"{len(auditor.violations)} violating so far")
+        try:
+            with auditor.attached(model):
+                for n, p in enumerate(prompts):
+                    auditor.prompt_id = p.id
+                    model(p.tensor().to(device))
+                    say(console, f"  [{n + 1}/{len(prompts)}] {p.id}: {auditor.calls} calls audited, "
+                                  f"{len(auditor.violations)} violating so far")
+        except Exception as e:   # the forward broke: what was audited so far is still reported and written
+            failure = f"{type(e).__name__}: {e}"
+            say(console, f"ERROR the forward failed after {auditor.calls} audited calls: {failure}")
     for v in auditor.violations[:20]:
         say(console, f"VIOLATION {v.describe()}")
     for e in auditor.errors:
@@ -141,12 +146,16 @@ def cmd_run(args: Any, console: Any) -> int:
             files.append(str(export_repro(out / name, kc.call, v, plan_entry=plan_entry, device=device)))
         say(console, f"repro files ({len(files)}) in {out}: rerun one with `python -m parity.audit replay FILE`")
     s = auditor.summary()
-    if args.json:
-        atomic_write_json(args.json, {**s, "run_id": run_id, "repros": files,
+    if args.json:   # always written, also when the forward failed (then "failure" says how)
+        atomic_write_json(args.json, {**s, "run_id": run_id, "repros": files, "failure": failure,
+                                      "backend": args.backend, "device": device,
                                       "violating": [v.summary() for v in auditor.violations]})
+    worst = "exact elements missed" if s["worst_ratio"] == float("inf") else f"worst {s['worst_ratio']:.3g} bounds"
     say(console, f"kernel audit on {args.backend}: {s['calls']} calls, {s['violating_calls']} violating "
-                  f"({s['violations']} elements), worst {s['worst_ratio']:.3g} bounds -> "
-                  f"{'PASS' if auditor.passed else 'FAIL'}")
+                  f"({s['violations']} elements), {worst} -> "
+                  f"{'INCOMPLETE' if failure else 'PASS' if auditor.passed else 'FAIL'}")
+    if failure:
+        return EXIT_TOOL_FAILED
     return EXIT_PASS if auditor.passed else EXIT_FAIL
 
 

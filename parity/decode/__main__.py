@@ -1,6 +1,7 @@
 """``python -m parity.decode``."""
 import sys
 
-from .cli import main
+from .cli import build_parser, main  # noqa: F401  (build_parser: the GPU script's test parses its steps)
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU validation of issue-sized claims, run from the repo root on an H100/H200 with CuTe DSL on
+# PYTHONPATH:  bash benchmarks/run_gpu_validation.sh [tests|verdicts|dspark|zoo|all]
+# Parts fit one 10-minute device call each and append to the same results directory (/tmp/gpu-results,
+# kept while the machine is warm); every part rewrites one JSON summary naming the card
+# (benchmarks/gpu_validation_summary.py) and copies it, with the log, to $OUT.
+#   tests     pytest -m "gpu or sm90 or parity" (junit XML counted)
+#   verdicts  first_token chat+thinking on cutedsl_sm90 (bug-budget column = exact audit), parity.audit run,
+#             a 300-token teacher-forced decode with every call audited, CUDA-graph decode vs eager
+#   dspark    DSpark draft parity on cutedsl_sm90, chat and thinking (each must finish in 3 min)
+#   zoo       the bug zoo's kernel faults injected around the real sm_90a kernels + clean row, and the
+#             audit's cost beside the plain forward (benchmarks/bench_audit.py)
+set -u
+PART=${1:-all}
+RES=/tmp/gpu-results
+mkdir -p "$RES"
+export PYTHONUNBUFFERED=1 DSV4_PARITY_CACHE=/tmp/dsv4-cache PYTHONPATH=${PYTHONPATH:-}:$PWD
+# step NAME LIMIT CMD...: runs CMD under a time limit, logs it, appends {name, rc, seconds} to steps.jsonl
+step() {
+  local name=$1 t=$2; shift 2
+  echo "=== $name: $* (limit ${t}s)"
+  local t0=$SECONDS
+  timeout "$t" "$@"
+  local rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - t0))s"
+  printf '{"name": "%s", "rc": %d, "seconds": %d, "limit": %d}\n' "$name" "$rc" "$((SECONDS - t0))" "$t" >> "$RES/steps.jsonl"
+}
+run_part() {
+  case "$1" in
+  tests)
+    step pytest_gpu 420 python3 -m pytest -q -rs -p no:cacheprovider -m "gpu or sm90 or parity" \
+        --junitxml="$RES/pytest_gpu.xml" ;;
+  verdicts)
+    step first_token_chat 120 python3 -m parity.first_token --mode chat --device cuda --backend cutedsl_sm90 \
+        --json "$RES/first_token_chat.json"
+    step first_token_thinking 120 python3 -m parity.first_token --mode thinking --device cuda --backend cutedsl_sm90 \
+        --json "$RES/first_token_thinking.json"
+    step audit_run 90 python3 -m parity.audit run --device cuda --backend cutedsl_sm90 --json "$RES/audit_run.json"
+    step decode300_audited 200 python3 -m parity.decode --teacher-forced --tokens 300 --device cuda \
+        --backend cutedsl_sm90 --json "$RES/decode300.json"
+    step decode_graphs 90 python3 -m parity.decode --teacher-forced --tokens 64 --device cuda \
+        --backend cutedsl_sm90 --graphs --json "$RES/decode64_graphs.json" ;;
+  dspark)
+    step dspark_chat 180 python3 -m parity.dspark --mode chat --device cuda --backend cutedsl_sm90 \
+        --json "$RES/dspark_chat.json"
+    step dspark_thinking 180 python3 -m parity.dspark --mode thinking --device cuda --backend cutedsl_sm90 \
+        --json "$RES/dspark_thinking.json" ;;
+  zoo)
+    step zoo_kernel_faults 300 python3 -m parity.bugzoo --device cuda --backend cutedsl_sm90 \
+        --fault kernel_weight_scale_neighbour --fault kernel_ktail_tile_dropped --fault kernel_tile_row_unwritten \
+        --fault kernel_act_scale_1_in_64 --fault kernel_alpha_of_next_expert --json "$RES/zoo_kernel_faults.json"
+    step bench_audit 120 python3 benchmarks/bench_audit.py --checkpoint tiny-trained --backend cutedsl_sm90 \
+        --device cuda --json "$RES/bench_audit.json" ;;
+  *) echo "unknown part $1 (expected tests, verdicts, dspark, zoo or all)"; return 2 ;;
+  esac
+}
+{
+  nvidia-smi -L
+  python3 -c "import cutlass, torch; print('cutlass ok, torch', torch.__version__)"
+  if [ "$PART" = all ]; then for p in tests verdicts dspark zoo; do run_part "$p"; done; else run_part "$PART"; fi
+  python3 benchmarks/gpu_validation_summary.py "$RES" --out "$RES/gpu_validation.json"
+} 2>&1 | tee -a "$RES/log.txt"
+if [ -n "${OUT:-}" ]; then cp "$RES/gpu_validation.json" "$RES/log.txt" "$OUT/" 2>/dev/null; fi

@@ -1,0 +1,73 @@
+"""The GPU validation script (benchmarks/run_gpu_validation.sh) runs when a GPU session is lent, which
+is rare: a CLI option renamed since then would cost that session's device time. Every `python3 -m`
+step of a CLI with a `build_parser` is parsed here by that parser, as the script calls it, and the
+summary writer is run on a results directory like the one the script leaves."""
+from __future__ import annotations
+
+import importlib
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "run_gpu_validation.sh"
+
+
+def module_steps() -> list[tuple[str, list[str]]]:
+    """(module, argv) of every `python3 -m` step but pytest; a shell-variable word ($RES/x.json) becomes
+    a placeholder path."""
+    text = SCRIPT.read_text(encoding="utf-8").replace("\\\n", " ")   # join continued lines
+    steps = []
+    for m in re.finditer(r"python3 -m ([\w.]+)([^\n;]*)", text):   # a step ends at its line or a ;;
+        if m.group(1) != "pytest":
+            words = shlex.split(m.group(2))
+            steps.append((m.group(1), ["/tmp/placeholder" if w.startswith("$") else w for w in words]))
+    return steps
+
+
+def test_the_script_runs_draft_parity_on_the_sm90_kernels_in_both_modes() -> None:
+    draft = [args for mod, args in module_steps() if mod == "parity.dspark"]
+    assert draft and all(a[a.index("--backend") + 1] == "cutedsl_sm90" for a in draft), draft
+    assert {a[a.index("--mode") + 1] for a in draft} == {"chat", "thinking"}
+
+
+@pytest.mark.parametrize("module,args", module_steps(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_module_step_parses(module: str, args: list[str]) -> None:
+    mod = importlib.import_module(module)
+    if hasattr(mod, "__path__"):   # a package: `python -m` runs its __main__, as here
+        mod = importlib.import_module(f"{module}.__main__")
+    if not hasattr(mod, "build_parser"):
+        pytest.skip(f"{module} has no build_parser to parse its arguments with")
+    mod.build_parser().parse_args(args)   # a renamed or removed option exits 2 here
+
+
+def test_the_script_covers_every_claim_of_the_gpu_validation() -> None:
+    text = SCRIPT.read_text(encoding="utf-8")
+    for needed in ('-m "gpu or sm90 or parity"', "parity.first_token --mode chat", "parity.first_token --mode thinking",
+                   "parity.audit run", "--tokens 300", "--graphs", "kernel_alpha_of_next_expert", "bench_audit.py"):
+        assert needed in text, needed
+
+
+def test_the_summary_names_the_card_and_each_steps_verdict(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "steps.jsonl").write_text(
+        '{"name": "audit_run", "rc": 0, "seconds": 12, "limit": 90}\n'
+        '{"name": "dspark_chat", "rc": 124, "seconds": 180, "limit": 180}\n'
+        '{"name": "audit_run", "rc": 1, "seconds": 13, "limit": 90}\n')      # a rerun replaces the first
+    (res / "audit_run.json").write_text(json.dumps({"calls": 760, "violating_calls": 2, "worst_ratio": "inf"}))
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_validation_summary.py"), str(res),
+                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(out.read_text())
+    steps = {st["name"]: st for st in s["steps"]}
+    assert s["card"]["name"] and not s["all_passed"]
+    assert steps["audit_run"]["rc"] == 1 and steps["audit_run"]["violating_calls"] == 2
+    assert steps["dspark_chat"]["timed_out"] and steps["dspark_chat"]["json"] == "missing"
