@@ -193,13 +193,16 @@ def set_threads(threads: int | None, device: str, config: Any) -> None:
 def load_run_source(args: Any, device: str) -> tuple[Any, list[Any]]:
     """The checkpoint and encoded prompts of a model-running CLI (flags of ``add_run_arguments``),
     with the thread count set for that checkpoint on ``device``."""
+    from dsv4.encoding_release import release_of
+
     from .inputs import encode_prompts, select_prompts
     from .source import resolve_checkpoint
 
     src = resolve_checkpoint(args.checkpoint, args.seed)
     set_threads(args.threads, device, src.config)
     prompts = encode_prompts(select_prompts(args.mode, args.prompt, args.prompt_set), src.tokenizer,
-                             src.config.vocab_size, reasoning_effort=getattr(args, "reasoning_effort", None))
+                             src.config.vocab_size, reasoning_effort=getattr(args, "reasoning_effort", None),
+                             release=release_of(src.config))   # 0731/0813 checkpoints: the 0731 encoding
     return src, prompts
 
 
@@ -234,9 +237,10 @@ def add_run_arguments(p: Any, *, backend_help: str, profile_help: str, topk_defa
     from dsv4.encoding import THINKING_MODES
 
     p.add_argument("--mode", choices=THINKING_MODES, default="chat")
-    p.add_argument("--reasoning-effort", choices=("high", "max"), default=None,
-                   help="thinking prompts only: the encoder's reasoning-effort setting (April encoding: 'max' "
-                        "prepends its paragraph); prompt ids get an '@effort' suffix")
+    p.add_argument("--reasoning-effort", choices=("low", "high", "max"), default=None,
+                   help="thinking prompts only: the encoder's reasoning-effort setting, in the checkpoint's "
+                        "release (April: high, max; 0731/0813: low, high, max; another is bad input); prompt ids "
+                        "get an '@effort' suffix")
     add_checkpoint_argument(p)
     p.add_argument("--seed", type=int, default=0, help="synthetic seed when --checkpoint is a tiny preset")
     p.add_argument("--prompt", action="append", help="prompt id of the set, or free text (repeatable); "

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from dsv4.encoding import THINKING_MODES, EncodingError, encode_messages
+from dsv4.encoding import THINKING_MODES, EncodingError
 from dsv4.prompts import Prompt, PromptSetError, load_prompt_set
 from dsv4.tokenizer import DSV4Tokenizer, TokenizerError
 
@@ -76,17 +76,19 @@ def select_prompts(mode: str, requested: Sequence[str] | None = None,
 
 
 def encode_prompts(prompts: Sequence[Prompt], tokenizer: DSV4Tokenizer, vocab_size: int, *,
-                   reasoning_effort: str | None = None) -> list[EncodedPrompt]:
-    """Encode and tokenize; with ``reasoning_effort`` (thinking prompts only) each id becomes
-    ``id@effort`` so its records and cached references never mix with the plain prompt's."""
+                   reasoning_effort: str | None = None, release: str = "april") -> list[EncodedPrompt]:
+    """Encode (in ``release``'s chat encoding, dsv4.encoding_release) and tokenize; with
+    ``reasoning_effort`` (thinking prompts only) each id becomes ``id@effort`` so its records and
+    cached references never mix with the plain prompt's."""
+    from dsv4.encoding_release import encode_for_release
+
     out = []
     for p in prompts:
         if reasoning_effort is not None and p.mode != "thinking":
             raise PromptError(f"prompt {p.id!r}: --reasoning-effort applies to thinking prompts, found a "
                               f"{p.mode!r} prompt (use --mode thinking)")
         try:
-            text = encode_messages([dict(m) for m in p.messages], thinking_mode=p.mode,
-                                   reasoning_effort=reasoning_effort)
+            text = encode_for_release([dict(m) for m in p.messages], p.mode, release, reasoning_effort)
             ids = tokenizer.encode(text, max_id=vocab_size - 1)
         except (EncodingError, TokenizerError) as e:
             raise PromptError(f"prompt {p.id!r}: cannot be encoded for this checkpoint: {e}") from None
