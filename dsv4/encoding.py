@@ -5,7 +5,7 @@ dsv4-architecture.md §13, source OFF-E) and must produce byte-identical prompts
 and dependency-free: the reference model may import it.
 
 Differences of the later "0731" revision (OFF-E2, shipped as vLLM's ``deepseek_v4_encoding.py``),
-which this module deliberately does NOT implement:
+which this module does not implement (``dsv4.encoding_release`` renders them on top of it):
   * reasoning_effort becomes a table {low: "", high: the April "max" paragraph, max: a new
     "Reasoning Effort: Beyond maximum..." paragraph} with default "low"; April accepts only
     None / "high" / "max" and only "max" adds text.
