@@ -1,0 +1,84 @@
+"""The real-width bench's code path at tiny width on the CPU (the lead runs it at Flash/Pro width on
+a GPU), its torch encoders byte-identical to the synth encoders, its --help without torch, and the
+time-to-verdict table built from its JSON."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+
+def test_help_imports_no_torch() -> None:
+    probe = ("import runpy, sys; sys.argv=['b', '--help']\ntry:\n runpy.run_path(%r, run_name='__main__')\n"
+             "except SystemExit: pass\nprint('TORCH', 'torch' in sys.modules)") % str(BENCH / "bench_real_width.py")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert "usage:" in r.stdout and "TORCH False" in r.stdout, r.stderr[-2000:]
+
+
+def test_torch_encoders_are_byte_identical_to_synth() -> None:
+    import real_width_synth as R
+    from dsv4.checkpoint import synth as S
+
+    g = np.random.default_rng(1)
+    w = (g.standard_normal((256, 384)) * 0.05).astype(np.float32)
+    w[0, :16] = [0.25, -0.75, 5.0, 7.0, 0, 1.25, -1.75, 2.5, 3.5, 5, -0.25, 0.2, 0.3, 0.4, 0.5, 0.6]  # ties, saturation
+    w[1, :32] = 0.0                                                                            # an all-zero block
+    pairs = [(S.encode_fp8_block(w), R.encode_fp8_block(torch.from_numpy(w))),
+             (S.encode_mxfp4(w), R.encode_mxfp4(torch.from_numpy(w))),
+             (S.encode_nvfp4(w, 0.0011), R.encode_nvfp4(torch.from_numpy(w), 0.0011))]
+    for want, got in pairs:
+        assert want.keys() == got.keys()
+        for k in want:
+            a, b = want[k], got[k]
+            assert a.dtype == b.dtype and a.shape == b.shape, k
+            assert torch.equal(a.view(torch.uint8) if a.element_size() == 1 else a,
+                               b.view(torch.uint8) if b.element_size() == 1 else b), k
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("rw")
+    out = d / "rw.json"
+    r = subprocess.run([sys.executable, str(BENCH / "bench_real_width.py"), "--width", "tiny", "--layers", "4",
+                        "--prefill", "32,64", "--decode-cache", "64", "--decode-steps", "2", "--device", "cpu",
+                        "--workdir", str(d / "work"), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120, env={"OMP_NUM_THREADS": "1", **__import__("os").environ})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "harness@64 done" in r.stdout                          # progress printed as it goes
+    assert not (d / "work" / "flash-tiny-bench-official").exists()   # checkpoints deleted without --keep
+    return json.loads(out.read_text())
+
+
+def test_tiny_bench_measures_every_layer_kind_side_and_target(tiny_run) -> None:
+    d = tiny_run
+    assert d["config"]["layer_kinds"] == ["window/hash", "csa/hash", "hca/score", "csa/score"]
+    got = {(r["side"], r["backend"], r.get("tokens")) for r in d["runs"] if r["phase"] == "prefill"}
+    assert got == {(s, b, t) for s, b in (("reference", "reference(streaming)"), ("native", "emulated")) for t in (32, 64)}
+    for r in (r for r in d["runs"] if r["phase"] == "prefill"):
+        assert [x["kind"] for x in r["layers"]] == d["config"]["layer_kinds"]
+        assert all(x["seconds"] > 0 and x["host_peak_rss_bytes"] > 0 for x in r["layers"])
+    assert {x["backend"] for x in d["decode"]} == {"reference", "emulated"}
+    assert all(x["cache_tokens"] == 64 and len(x["step_seconds"]) == 2 for x in d["decode"])
+    assert [s["stage"] for s in d["skipped"]] == ["native:cutedsl_sm90"] and "cpu" in d["skipped"][0]["reason"]
+    h = d["harness"]
+    assert [x["tokens"] for x in h] == [32, 64] and all(x["column_errors"] == {} for x in h)
+    assert all(x["plain_forward_seconds"] > 0 and -0.9 < x["overhead_ratio"] < 20 for x in h)
+    t = d["targets"]
+    assert t["harness_overhead"]["measured"] == [x["overhead_ratio"] for x in h]
+    sm = t["streaming_memory"]
+    assert sm["flat_layers"] == [2, 4] and 0.9 < sm["flat_ratio"] < 1.5 and sm["bound_bytes"] > 2 * 2 ** 30
+    assert d["build"]["official"]["bytes"] > 0 and len(d["build"]["nvidia-nvfp4"]["per_layer_bytes"]) == 4
+
+
+def test_bad_prefill_is_one_clear_error() -> None:
+    r = subprocess.run([sys.executable, str(BENCH / "bench_real_width.py"), "--prefill", "1k", "--out", "/tmp/x.json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "expected comma-separated integers, found '1k'" in r.stderr
