@@ -47,6 +47,7 @@ KL_EXACT = 1e-9         # nats: FP32 both sides (parity/dspark/judge.py LOGIC_BO
 SIGMAS = 3.0
 POWER_Z = 0.8416        # one-sided normal quantile of 80 % power
 ROW_MARGIN = 4.0        # the draft floor's per-row maxima margin (parity/dspark/calibrate.py)
+MEAN_MARGIN = 2.0       # the draft floor's error margin (parity/dspark/calibrate.py MARGIN)
 
 
 # ---- the input -------------------------------------------------------------------------------------
@@ -269,6 +270,8 @@ class AcceptanceVerdict:
     count_mismatches: int = 0               # exact mode: steps whose count differs outside near ties
     kl_worst: float | None = None
     kl_bound: float | None = None
+    kl_mean: float | None = None
+    kl_mean_bound: float | None = None
     top1: tuple[int, int] | None = None     # (agreements, judged)
     top1_bound: float | None = None
     target_mismatches: int = 0
@@ -328,6 +331,8 @@ def judge_exact(dump: AcceptanceDump, refs: list[Replay]) -> AcceptanceVerdict:
 def judge_band(dump: AcceptanceDump, refs: list[Replay], floor: list[Replay]) -> AcceptanceVerdict:
     eng, ref, nat = [], [], []
     kl_e, kl_f, ae, je, af, jf = 0.0, 0.0, 0, 0, 0, 0
+    rows_e: list[float] = []
+    rows_f: list[float] = []
     for pc, rp, fp in zip(dump.prompts, refs, floor):
         e, r, f = _paired(pc.accepted, rp.counts, fp.counts)
         eng, ref, nat = eng + e, ref + r, nat + f
@@ -337,9 +342,9 @@ def judge_band(dump: AcceptanceDump, refs: list[Replay], floor: list[Replay]) ->
             etok = [int(x) for x in torch.argmax(pc.draft_logits[i], -1)]
             rows = min(rows_compared(rp.tokens[i], etok), rows_compared(rp.tokens[i], fp.tokens[i]))
             kl, a, j = row_stats(rp.logits[i], pc.draft_logits[i], rows, FLOOR_TIE)
-            kl_e, ae, je = max([kl_e, *kl]), ae + a, je + j
+            kl_e, ae, je, rows_e = max([kl_e, *kl]), ae + a, je + j, rows_e + kl
             kl, a, j = row_stats(rp.logits[i], fp.logits[i], rows, FLOOR_TIE)
-            kl_f, af, jf = max([kl_f, *kl]), af + a, jf + j
+            kl_f, af, jf, rows_f = max([kl_f, *kl]), af + a, jf + j, rows_f + kl
     g, se = mean_se([a - b for a, b in zip(eng, ref)])
     gf, sef = mean_se([a - b for a, b in zip(nat, ref)])
     N = len(eng)
@@ -362,6 +367,13 @@ def judge_band(dump: AcceptanceDump, refs: list[Replay], floor: list[Replay]) ->
         p = (af + 1) / (jf + 2)
         v.top1 = (ae, je)
         v.top1_bound = af / max(jf, 1) - SIGMAS * math.sqrt(p * (1 - p) * (1 / max(jf, 1) + 1 / max(je, 1))) - 0.02
+        me, mf = sum(rows_e) / len(rows_e), sum(rows_f) / len(rows_f)
+        _, se_d = mean_se([a - b for a, b in zip(rows_e, rows_f)])
+        v.kl_mean, v.kl_mean_bound = me, MEAN_MARGIN * mf + SIGMAS * se_d
+        if me > v.kl_mean_bound:
+            v.failures.append(f"draft logits: mean row KL(ref || engine) {me:.4g} > {MEAN_MARGIN:g} x the NVFP4 floor "
+                              f"draft's {mf:.4g} + {SIGMAS:g} SE of the paired row differences ({se_d:.2g}), "
+                              f"{len(rows_e)} rows")
         if kl_e > ROW_MARGIN * kl_f:
             v.failures.append(f"draft logits: worst row KL(ref || engine) {kl_e:.3g} > {ROW_MARGIN:g} x the NVFP4 "
                               f"floor draft's worst row {kl_f:.3g} on the same rows")
@@ -420,6 +432,8 @@ def render(console: Any, dump: AcceptanceDump, v: AcceptanceVerdict) -> None:
         console.print(f"  power: a gap beyond {v.detectable:.4f} per step is found with 80 % probability "
                       f"({SIGMAS:g} SE rule, {v.steps} steps); smaller gaps may pass")
     if v.kl_worst is not None:
+        if v.kl_mean is not None:
+            console.print(f"  draft logits: mean row KL {v.kl_mean:.4g} (bound {v.kl_mean_bound:.4g})")
         console.print(f"  draft logits: worst row KL {v.kl_worst:.3g} (bound {v.kl_bound:.3g}), top-1 "
                       f"{v.top1[0]}/{v.top1[1]}" + (f" (bound {v.top1_bound:.3f})" if v.top1_bound is not None else ""))
     for n in v.notes:
