@@ -116,8 +116,16 @@ def _dry_run(console: Any, args: argparse.Namespace, plan: Any, device: str) -> 
                   f"{tokens} tokens; {est['probe_host_bytes_held'] / gib:.3f} GiB held for {len(prompts)} prompts"
                   + ("" if real_tokenizer or (args.checkpoint not in REAL_PRESETS and not path.is_dir())
                      else "; token count from the tiny byte-level tokenizer (no tokenizer.json)"))
+    from .verdict_time import estimate as time_estimate
+
+    columns = [c.strip() for c in args.columns.split(",") if c.strip()]
+    tte = time_estimate(config, [p.n_tokens for p in prompts], columns)
+    for line in tte.lines() if tte else ["time to verdict: no measured per-layer table (benchmarks/results/"
+                                         "real_width*.json, written by benchmarks/bench_real_width.py)"]:
+        console.print(line, highlight=False, markup=False)
     if args.json:
-        atomic_write_json(args.json, {"dry_run": est, "config": config.name, "plan": plan.to_dict()})
+        atomic_write_json(args.json, {"dry_run": est, "config": config.name, "plan": plan.to_dict(),
+                                      "time_to_verdict": tte.__dict__ if tte else None})
     return EXIT_PASS
 
 

@@ -82,3 +82,59 @@ def test_bad_prefill_is_one_clear_error() -> None:
     r = subprocess.run([sys.executable, str(BENCH / "bench_real_width.py"), "--prefill", "1k", "--out", "/tmp/x.json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "expected comma-separated integers, found '1k'" in r.stderr
+
+
+@pytest.fixture
+def results(tiny_run, tmp_path, monkeypatch) -> Path:
+    from parity import verdict_time
+
+    (tmp_path / "real_width_tiny.json").write_text(json.dumps(tiny_run))
+    monkeypatch.setattr(verdict_time, "RESULTS", tmp_path)
+    return tmp_path
+
+
+def test_estimate_names_its_table_and_every_scaling_assumption(results) -> None:
+    from dsv4.config import preset
+    from parity.verdict_time import estimate, this_card
+
+    here = estimate(preset("tiny"), [32, 64], ["logic", "floor"])
+    assert here is not None and here.table_card == this_card() == here.card and here.seconds > 0
+    assert not any("no measured table" in a for a in here.assumptions)
+    assert set(here.breakdown) == {"logic", "floor", "loads"}
+    h100 = estimate(preset("flash"), [1024], ["floor"], card="NVIDIA H100 80GB HBM3")
+    h200 = estimate(preset("flash"), [1024], ["floor"], card="NVIDIA H200")
+    text = " ".join(h100.assumptions)
+    assert "no measured table for this machine (NVIDIA H100 80GB HBM3)" in text and "memory bandwidth" in text
+    assert "parameters per layer flash" in text and "linear in tokens" in text
+    assert h100.seconds / h200.seconds == pytest.approx(4.8 / 3.35, rel=1e-9)   # only the bandwidth differs
+
+
+def test_dry_run_prints_the_time_to_verdict_beside_the_memory_plan(results, tmp_path) -> None:
+    from parity.first_token import main
+
+    out = tmp_path / "dry.json"
+    assert main(["--checkpoint", "flash", "--dry-run", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["dry_run"]["peak_per_device"] and d["time_to_verdict"]["seconds"] > 0
+    assert any("parameters per layer flash" in a for a in d["time_to_verdict"]["assumptions"])
+
+
+def test_dry_run_without_a_table_says_so(tmp_path, monkeypatch, capsys) -> None:
+    from parity import verdict_time
+    from parity.first_token import main
+
+    monkeypatch.setattr(verdict_time, "RESULTS", tmp_path)
+    assert main(["--checkpoint", "flash", "--dry-run"]) == 0
+    assert "time to verdict: no measured per-layer table" in capsys.readouterr().out
+
+
+def test_table_script_writes_measured_and_extrapolated_markdown(results, tmp_path) -> None:
+    md = tmp_path / "rw.md"
+    r = subprocess.run([sys.executable, str(BENCH / "real_width_table.py"), str(results / "real_width_tiny.json"),
+                        "--out", str(md)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = md.read_text()
+    assert "| reference(streaming) | prefill | 64 | hca/score |" in text and "harness overhead" in text
+    for row in ("| flash | 1x H100 (streamed) |", "| pro | 8x B200 (torchrun, prompts over 8 ranks) |"):
+        assert row in text
+    assert "no measured table for this machine (NVIDIA B200)" in text

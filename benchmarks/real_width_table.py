@@ -1,0 +1,124 @@
+"""The time-to-verdict table (markdown) from bench_real_width.py JSON files.
+
+    python benchmarks/real_width_table.py RESULTS.json [MORE.json ...] [--out reports/real_width.md]
+
+Part 1, measured: per layer kind and side (streaming reference, native per backend), seconds per
+layer at each prefill length and per decode step, peak GPU memory; the two targets (harness
+overhead, streaming-reference memory) as the bench measured them.
+Part 2, extrapolated (``parity.verdict_time``, each assumption printed under its row): a first-token
+verdict (logic + floor + bug-budget columns, 5 prompts of 1k tokens) on full Flash (43 layers) and
+Pro (61 layers), on the measured card streamed, on the other of H100 / H200, and on 8x B200 (the
+prompts split over 8 ranks by ``torchrun``: the per-rank time of one of 8 prompt shares, at B200's
+bandwidth, which assumes the prompts divide evenly and each rank streams its own copy of the layers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = [1024] * 5
+COLUMNS = ("logic", "floor", "bug_budget")
+TARGETS = {"H100": "NVIDIA H100 80GB HBM3", "H200": "NVIDIA H200", "B200": "NVIDIA B200"}
+
+
+def gib(b: float | None) -> str:
+    return "-" if not b else f"{b / 2 ** 30:.2f}"
+
+
+def measured(d: dict) -> list[str]:
+    m = d["machine"]
+    out = [f"## Measured: {d['model']} ({d['width']} width, {d['config']['num_hidden_layers']} layers) on {m['card']}",
+           "", f"layer kinds {d['config']['layer_kinds']}; D={d['config']['hidden_size']}, "
+               f"{d['config']['n_routed_experts']} experts top-{d['config']['num_experts_per_tok']}, "
+               f"vocab {d['config']['vocab_size']}; bench wall {d.get('wall_s', 0):.0f} s", "",
+           "| side | phase | tokens | layer kind | s / layer | peak GPU GiB | disk read GiB |", "|---|---|---|---|---|---|---|"]
+    for r in d["runs"]:
+        if r["phase"] not in ("prefill",):
+            continue
+        by: dict[str, list[dict]] = {}
+        for x in r["layers"]:
+            by.setdefault(x["kind"], []).append(x)
+        for k, xs in by.items():
+            out.append(f"| {r['backend']} | prefill | {r['tokens']} | {k} | {sum(x['seconds'] for x in xs) / len(xs):.4g} | "
+                       f"{gib(max(x['peak_gpu_bytes'] for x in xs))} | {gib(sum(x['disk_read_bytes'] for x in xs) / len(xs))} |")
+    for r in d.get("decode", []):
+        by2: dict[str, list[float]] = {}
+        for x in r["layers"]:
+            by2.setdefault(x["kind"], []).append(x["seconds_per_step"])
+        for k, v in by2.items():
+            out.append(f"| {r['backend']} | decode ({r['cache_tokens']}-token cache) | 1 | {k} | {sum(v) / len(v):.4g} | - | - |")
+    t = d.get("targets", {})
+    out += ["", "| target | measured | goal | met |", "|---|---|---|---|"]
+    h = t.get("harness_overhead")
+    if h:
+        out.append(f"| harness overhead (harness time / its plain forwards - 1) | "
+                   f"{', '.join(f'{x:+.2f}' for x in h['measured']) or 'not measured'} | <= 0.25 | {h['met']} |")
+    s = t.get("streaming_memory")
+    if s:
+        out.append(f"| streaming reference peak / bound ({s['measured_on']}, {s['tokens']} tokens) | "
+                   f"{s['ratio_to_bound']:.2f} ({gib(s['measured_peak_bytes'])} / {gib(s['bound_bytes'])} GiB) | <= 1 | {s['met']} |")
+        out.append(f"| peak after {s['flat_layers'][1]} layers / after {s['flat_layers'][0]} | "
+                   f"{s['flat_ratio']:.3f} | ~1 (flat) | {s['flat_ratio'] is not None and s['flat_ratio'] < 1.1} |")
+    if d.get("skipped"):
+        out += ["", "Skipped: " + "; ".join(f"{x['stage']} ({x['reason']})" for x in d["skipped"])]
+    return out + [""]
+
+
+def extrapolated(tables: list[dict]) -> list[str]:
+    sys.path.insert(0, str(ROOT))
+    from dsv4.config import preset
+    from parity.verdict_time import estimate, fmt_seconds
+
+    out = ["## Extrapolated: a first-token verdict (logic + floor + bug budget, 5 prompts x 1024 tokens)", "",
+           "| model | where | estimate | from |", "|---|---|---|---|"]
+    notes: list[str] = []
+    for model in ("flash", "pro"):
+        c = preset(model)
+        for where, card, shares in (("1x H100 (streamed)", TARGETS["H100"], 1), ("1x H200 (streamed)", TARGETS["H200"], 1),
+                                    ("8x B200 (torchrun, prompts over 8 ranks)", TARGETS["B200"], 8)):
+            prompts = PROMPTS[: max(1, -(-len(PROMPTS) // shares))]
+            e = estimate(c, prompts, COLUMNS, card=card, tables=tables)
+            if e is None:
+                out.append(f"| {model} | {where} | no table | - |")
+                continue
+            n = len(notes) + 1
+            notes.append(f"{n}. {model}, {where}: " + "; ".join(e.assumptions)
+                         + (f"; {len(prompts)} of {len(PROMPTS)} prompts per rank" if shares > 1 else ""))
+            out.append(f"| {model} | {where} | {fmt_seconds(e.seconds)} | {e.table} ({e.table_card}) [{n}] |")
+    return out + ["", "Assumptions:", ""] + notes + [""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("json", nargs="+", help="bench_real_width.py outputs")
+    p.add_argument("--out", default=None, help="markdown file (default: print)")
+    a = p.parse_args(argv)
+    tables = []
+    for f in a.json:
+        try:
+            d = json.loads(Path(f).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            p.error(f"{f}: expected a bench_real_width.py JSON, found {type(e).__name__}: {e}")
+        if d.get("bench") != "real_width":
+            p.error(f"{f}: expected a bench_real_width.py JSON (bench: real_width), found bench {d.get('bench')!r}")
+        d["_file"] = str(f)
+        tables.append(d)
+    lines = ["# Time to verdict at real width", ""]
+    for d in tables:
+        lines += measured(d)
+    lines += extrapolated(tables)
+    text = "\n".join(lines)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text)
+        print(f"wrote {a.out}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Time to verdict, estimated before a run from measured per-layer tables (``--dry-run``).
+
+A table is what ``benchmarks/bench_real_width.py`` writes (kept under ``benchmarks/results/
+real_width*.json``, the card named in it): seconds per layer kind (window / CSA / HCA attention x
+hash / score routing) for the streaming reference and each native backend at a few prefill lengths.
+An estimate picks the table measured on this machine's card; without one it takes the closest (same
+device type first, then the most recent) and scales it, each assumption written beside the number:
+
+* another card: per-layer time x (table card's memory bandwidth / this card's), both from
+  :data:`BANDWIDTH_TBS` (streamed layers are read and dequantized once per forward: bandwidth-bound);
+* another width / model: x (this config's parameters per layer kind / the table's);
+* another prompt length: linear in tokens between (and beyond) the measured lengths;
+* the harness (probes, isolated pass, metrics, audit): x (1 + the overhead the table measured);
+* the logic column's FP32 forwards: 2x the BF16 ones (twice the bytes per activation).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+# Peak memory bandwidth, TB/s (vendor data sheets); a CPU entry is a stand-in so CPU tables scale too.
+BANDWIDTH_TBS = {"H100": 3.35, "H200": 4.8, "B200": 8.0, "GB200": 8.0, "A100": 2.0, "L40S": 0.864, "cpu": 0.1}
+FP32_FACTOR = 2.0
+
+
+def card_family(card: str) -> str:
+    for k in sorted(BANDWIDTH_TBS, key=len, reverse=True):
+        if k.lower() in card.lower():
+            return k
+    return "cpu" if card.lower().startswith("cpu") else card
+
+
+def this_card() -> str:
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return f"cpu ({os.cpu_count()} cores)"
+
+
+def load_tables(root: Path | None = None) -> list[dict[str, Any]]:
+    root = RESULTS if root is None else root
+    out = []
+    for f in sorted(root.glob("real_width*.json")) if root.is_dir() else []:
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if d.get("bench") == "real_width" and d.get("runs"):
+            d["_file"] = str(f)
+            out.append(d)
+    return out
+
+
+def kind_of(config: Any, i: int) -> str:
+    return f"{config.layer_kind(i)}/{'hash' if i < config.num_hash_layers else 'score'}"
+
+
+def layer_params(c: Any) -> float:
+    """Parameters of one layer, approximately (attention projections + routed and shared experts),
+    from a config or a bench JSON's config summary; the experts dominate at real width."""
+    g = (lambda k: c[k]) if isinstance(c, dict) else (lambda k: getattr(c, k))
+    D, I, E, H, d = (g(k) for k in ("hidden_size", "moe_intermediate_size", "n_routed_experts",
+                                     "num_attention_heads", "head_dim"))
+    q, o = g("q_lora_rank"), g("o_lora_rank")
+    return D * q + q * H * d + D * d + H * d * o + o * D + (E + 1) * 3 * D * I
+
+
+@dataclass
+class Estimate:
+    seconds: float
+    table: str
+    card: str
+    table_card: str
+    assumptions: list[str] = field(default_factory=list)
+    breakdown: dict[str, float] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        parts = ", ".join(f"{k} {v:.0f} s" for k, v in self.breakdown.items())
+        out = [f"time to verdict (estimate): {fmt_seconds(self.seconds)} on {self.card} [{parts}]",
+               f"  from the measured table {self.table} ({self.table_card})"]
+        out += [f"  assumption: {a}" for a in self.assumptions]
+        return out
+
+
+def fmt_seconds(s: float) -> str:
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def pick_table(tables: Sequence[dict[str, Any]], card: str) -> tuple[dict[str, Any] | None, list[str]]:
+    same = [t for t in tables if t["machine"]["card"] == card]
+    if same:
+        return same[-1], []
+    fam = card_family(card)
+    gpu = fam != "cpu"
+    ranked = sorted(tables, key=lambda t: ((card_family(t["machine"]["card"]) != "cpu") == gpu,
+                                           card_family(t["machine"]["card"]) == fam, t.get("wall_s", 0)))
+    if not ranked:
+        return None, []
+    t = ranked[-1]
+    return t, [f"no measured table for this machine ({card}); scaled from {t['machine']['card']} "
+               f"({Path(t['_file']).name})"]
+
+
+def per_kind(table: dict[str, Any], side: str, backend: str) -> dict[str, dict[int, float]]:
+    """kind -> tokens -> mean seconds of one layer of that kind, prefill."""
+    out: dict[str, dict[int, list[float]]] = {}
+    for r in table["runs"]:
+        if r["side"] == side and r.get("backend") == backend and r.get("phase") == "prefill":
+            for x in r["layers"]:
+                out.setdefault(x["kind"], {}).setdefault(int(r["tokens"]), []).append(x["seconds"])
+    return {k: {t: sum(v) / len(v) for t, v in d.items()} for k, d in out.items()}
+
+
+def at_tokens(points: dict[int, float], tokens: int) -> float:
+    """Linear in tokens through the two nearest measured lengths (one length: proportional)."""
+    ts = sorted(points)
+    if len(ts) == 1:
+        return points[ts[0]] * tokens / ts[0]
+    lo, hi = (ts[0], ts[1]) if tokens <= ts[0] else (ts[-2], ts[-1]) if tokens >= ts[-1] else \
+        next((a, b) for a, b in zip(ts, ts[1:]) if a <= tokens <= b)
+    slope = (points[hi] - points[lo]) / (hi - lo)
+    return max(points[lo] + slope * (tokens - lo), 0.0)
+
+
+def side_seconds(table: dict[str, Any], side: str, backend: str, config: Any, tokens: Sequence[int]) -> float | None:
+    kinds = per_kind(table, side, backend)
+    if not kinds:
+        return None
+    total = 0.0
+    for i in range(config.num_hidden_layers):
+        k = kind_of(config, i)
+        pts = kinds.get(k) or kinds.get(next((x for x in kinds if x.split("/")[0] == k.split("/")[0]), ""), None) \
+            or next(iter(kinds.values()))          # a kind the table lacks: the same attention, else any layer
+        total += sum(at_tokens(pts, t) for t in tokens)
+    return total
+
+
+def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: str | None = None,
+             tables: Sequence[dict[str, Any]] | None = None) -> Estimate | None:
+    """The forwards a first-token run performs for prompts of ``tokens`` tokens, from a measured table."""
+    card = card or this_card()
+    tables = load_tables() if tables is None else tables
+    table, notes = pick_table(tables, card)
+    if table is None:
+        return None
+    scale, assumptions = 1.0, list(notes)
+    tc = table["machine"]["card"]
+    if tc != card:
+        bw_here, bw_there = BANDWIDTH_TBS.get(card_family(card)), BANDWIDTH_TBS.get(card_family(tc))
+        if bw_here and bw_there:
+            scale *= bw_there / bw_here
+            assumptions.append(f"layer time x {bw_there / bw_here:.2f} = memory bandwidth {tc} {bw_there} TB/s / "
+                               f"{card} {bw_here} TB/s")
+        else:
+            assumptions.append(f"bandwidth of {card!r} unknown: per-layer times of {tc} used as they are")
+    p_here, p_there = layer_params(config), layer_params(table["config"])
+    if abs(p_here / p_there - 1) > 1e-6:
+        scale *= p_here / p_there
+        assumptions.append(f"layer time x {p_here / p_there:.3g} = parameters per layer {config.name} / "
+                           f"{table['config']['name']}")
+    assumptions.append(f"prompt lengths {sorted(set(tokens))} linear in tokens from the measured "
+                       f"{sorted({r['tokens'] for r in table['runs'] if r.get('phase') == 'prefill'})}")
+    ref = side_seconds(table, "reference", "reference(streaming)", config, tokens)
+    emu = side_seconds(table, "native", "emulated", config, tokens)
+    kernels = sorted({r["backend"] for r in table["runs"] if r["side"] == "native" and r["backend"] != "emulated"
+                      and r.get("phase") == "prefill"})
+    ker = side_seconds(table, "native", kernels[0], config, tokens) if kernels else None
+    if ref is None or emu is None:
+        return None
+    b: dict[str, float] = {}
+    if "logic" in columns:
+        b["logic"] = FP32_FACTOR * (ref + 2 * emu)
+    if "floor" in columns or "bug_budget" in columns:
+        b["floor"] = ref + 2 * emu
+    if "bug_budget" in columns and ker is not None:
+        b["bug_budget"] = 2 * ker
+    elif "bug_budget" in columns:
+        assumptions.append("no kernel backend in the table: bug-budget column not counted")
+    over = [h["overhead_ratio"] for h in table.get("harness", []) if h.get("overhead_ratio") is not None]
+    ovr = max(0.0, max(over)) if over else 0.25     # below 0 is timing noise (tiny widths), not a speed-up
+    assumptions.append(f"harness overhead x {1 + ovr:.2f} ({'measured' if over else 'the 25 % target, none measured'})")
+    if "logic" in b:
+        assumptions.append(f"FP32 logic forwards = {FP32_FACTOR:g} x the BF16 ones")
+    b = {k: v * scale * (1 + ovr) for k, v in b.items()}
+    loads = [r["seconds"] for r in table["runs"] if r.get("phase") == "load"]
+    if loads:
+        per_layer = max(loads) / table["config"]["num_hidden_layers"]
+        b["loads"] = per_layer * scale * config.num_hidden_layers * (len(b) + ("floor" in b))
+    return Estimate(sum(b.values()), Path(table["_file"]).name, card, tc, assumptions, b)
+
+
+__all__ = ["BANDWIDTH_TBS", "Estimate", "estimate", "load_tables", "pick_table", "this_card"]
