@@ -41,6 +41,8 @@ def prefetch(ev: Scorer, plans: Sequence[PrecisionPlan], columns: Sequence[str],
     missing = [i for i, (_, k) in enumerate(keys) if k.digest() not in ev._session and not ev.stored(k)]
     todo = [keys[i] for i in broadcast(missing)]
     if not todo:
+        for plan, key in keys:          # stored already: read on every rank (same sessions everywhere)
+            ev._evaluate_here(plan, key, columns, backend)
         return []
     _warm_reference(ev, columns)
     mine = shard(todo, w)
@@ -48,6 +50,10 @@ def prefetch(ev: Scorer, plans: Sequence[PrecisionPlan], columns: Sequence[str],
         ev._evaluate_here(plan, key, columns, backend)
     computed = [d for part in all_gather([k.digest() for _, k in mine]) for d in part]
     ev.mark_computed(computed)
+    # every rank reads the whole batch now, so every rank's session holds the same evaluations and
+    # the study's later evaluate() calls make the same collectives on every rank (lockstep)
+    for plan, key in todo:
+        ev._evaluate_here(plan, key, columns, backend)
     return computed
 
 
