@@ -90,7 +90,7 @@ def summarize(res: Path) -> dict[str, Any]:
             s["pytest"] = _pytest(res)
         else:
             stem = {"decode300_audited": "decode300", "decode_graphs": "decode64_graphs"}.get(s["name"], s["name"])
-            s.update(_figures(s["name"], _load(res / f"{stem}.json")))
+            s["result"] = _figures(s["name"], _load(res / f"{stem}.json"))   # beside the step's own fields
         steps.append(s)
     latest = {s["name"]: s for s in steps}       # a part rerun replaces its steps' earlier results
     return {"schema": "dsv4-parity.gpu-validation/1", "card": _card(), "steps": list(latest.values()),

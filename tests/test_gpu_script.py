@@ -61,13 +61,14 @@ def test_the_summary_names_the_card_and_each_steps_verdict(tmp_path: Path) -> No
         '{"name": "audit_run", "rc": 0, "seconds": 12, "limit": 90}\n'
         '{"name": "dspark_chat", "rc": 124, "seconds": 180, "limit": 180}\n'
         '{"name": "audit_run", "rc": 1, "seconds": 13, "limit": 90}\n')      # a rerun replaces the first
-    (res / "audit_run.json").write_text(json.dumps({"calls": 760, "violating_calls": 2, "worst_ratio": "inf"}))
+    (res / "audit_run.json").write_text(json.dumps({"calls": 760, "violating_calls": 2, "worst_ratio": "inf",
+                                                    "seconds": {"plain": 0.5}}))   # a step's own 'seconds' kept apart
     out = tmp_path / "s.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_validation_summary.py"), str(res),
                         "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     s = json.loads(out.read_text())
     steps = {st["name"]: st for st in s["steps"]}
-    assert s["card"]["name"] and not s["all_passed"]
-    assert steps["audit_run"]["rc"] == 1 and steps["audit_run"]["violating_calls"] == 2
-    assert steps["dspark_chat"]["timed_out"] and steps["dspark_chat"]["json"] == "missing"
+    assert s["card"]["name"] and not s["all_passed"] and steps["audit_run"]["seconds"] == 13
+    assert steps["audit_run"]["rc"] == 1 and steps["audit_run"]["result"]["violating_calls"] == 2
+    assert steps["dspark_chat"]["timed_out"] and steps["dspark_chat"]["result"]["json"] == "missing"
