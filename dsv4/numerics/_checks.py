@@ -53,8 +53,8 @@ def as_scalar_f32(g: object, name: str, device: torch.device) -> torch.Tensor:
     """A Python real or a 0-d float32 tensor -> a 0-d float32 tensor on ``device`` (no validation of the value)."""
     if isinstance(g, bool):
         fail(name, "a real number or a 0-d float32 tensor", g)
-    if isinstance(g, (int, float)):
-        return torch.tensor(float(g), dtype=torch.float32, device=device)
+    if isinstance(g, (int, float)):   # a fill on the device: no host-to-device copy (a sync on CUDA)
+        return torch.full((), float(g), dtype=torch.float32, device=device)
     t = check_tensor(g, name)
     if t.dim() != 0 or t.dtype != torch.float32:
         fail(name, "a 0-d float32 tensor (or a Python float)", f"{t.dtype} {list(t.shape)}")
@@ -65,3 +65,17 @@ def as_bytes(x: torch.Tensor, name: str, *alt: torch.dtype) -> torch.Tensor:
     """View a tensor of a 1-byte dtype (uint8 or one of ``alt``) as uint8."""
     check_dtype(x, name, torch.uint8, *alt)
     return x if x.dtype == torch.uint8 else x.view(torch.uint8)
+
+
+_LUTS: dict[tuple[str, torch.device], torch.Tensor] = {}
+
+
+def device_lut(name: str, device: torch.device, build) -> torch.Tensor:
+    """A decode table built once per device (``build()`` on the CPU, copied once): a per-call
+    ``torch.tensor(..., device="cuda")`` is a synchronizing host-to-device copy on every call."""
+    key = (name, torch.device(device))
+    t = _LUTS.get(key)
+    if t is None:
+        t = build().to(key[1])
+        _LUTS[key] = t
+    return t

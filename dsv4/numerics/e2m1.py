@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_dtype, check_float, fail
+from ._checks import check_dtype, check_float, device_lut, fail
 
 E2M1_MAX = 6.0
 E2M1_MAGNITUDES: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -44,7 +44,7 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
 
 def decode_codes_unchecked(codes: torch.Tensor) -> torch.Tensor:
     """Codes known to be in 0..15 (e.g. from unpacking nibbles) -> float32 values."""
-    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
+    lut = device_lut("e2m1", codes.device, lambda: torch.tensor(E2M1_VALUES, dtype=torch.float32))
     return lut[codes.long()]
 
 
