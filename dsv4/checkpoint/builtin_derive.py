@@ -19,6 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..atomic_io import file_mode
+from .cache import cache_root
 from .errors import CheckpointError
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "data" / "models"
@@ -41,8 +42,6 @@ def _sha256(path: Path) -> str:
 def derived_dir(name: str) -> Path:
     """Where the derived directory ``name`` lives in the cache: keyed by the digests it must have, so
     a changed recipe never reads a stale directory. The leaf keeps the layout's directory name."""
-    from .synth import cache_root
-
     key = hashlib.sha256(json.dumps(recipes()[name]["sha256"], sort_keys=True).encode()).hexdigest()[:12]
     return cache_root() / "builtin" / key / name
 
@@ -62,9 +61,7 @@ def materialize(name: str) -> Path:
     try:
         build = tmp / name
         if r["recipe"] == "convert":
-            from .convert import convert
-
-            convert(source_dir(r["source"]), r["flavor"], build)
+            _convert(source_dir(r["source"]), r["flavor"], build)
         elif r["recipe"] == "join_draft":
             _join_draft(source_dir(r["source"]), MODELS_DIR / r["draft"], build)
         else:
@@ -78,6 +75,22 @@ def materialize(name: str) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _convert(src: Path, flavor: str, out: Path) -> None:
+    """The project's converter, run as its CLI in a child process: the checkpoint package's readers and
+    writers depend on dsv4.config, which resolves the built-in names through this module, so an
+    in-process call would close an import cycle (tests/test_import_rooms.py)."""
+    import subprocess
+    import sys
+
+    root = str(MODELS_DIR.parents[2])    # the directory holding the dsv4 package, for a source checkout
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+    r = subprocess.run([sys.executable, "-m", "dsv4.checkpoint.convert", str(src), "--flavor", flavor, "--out",
+                        str(out)], capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise CheckpointError(f"built-in {out.name}: expected the converter to write it from {src}, found exit "
+                              f"{r.returncode}: {(r.stderr or r.stdout).strip()[-500:]}")
 
 
 def _verify(name: str, built: Path, expected: dict[str, str]) -> None:

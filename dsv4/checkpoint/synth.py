@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 
 from ..atomic_io import file_mode
+from .cache import cache_root  # noqa: F401  (re-exported: callers import it from here)
 from .errors import CheckpointError
 from .flavors import stored_base
 from .layouts import FLAVORS, get_layout
@@ -504,10 +505,6 @@ def synth(preset: str = "tiny", flavor: str = "nvidia-nvfp4", out: str | Path = 
     out = Path(out)
     write_checkpoint(out, c, checkpoint_tensors(c, flavor, quant, seed), flavor, shard_bytes)
     return out
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("DSV4_PARITY_CACHE", Path.home() / ".cache" / "dsv4-parity"))
 
 
 def resolve_preset(preset: str, flavor: str = "nvidia-nvfp4", seed: int = 0) -> Path:

@@ -123,6 +123,3 @@ def main_norm_skipped(draft: Any) -> Iterator[None]:
     join = draft.join
     with patched(join, "norm", lambda x: x.to(draft.target.act_dtype)):
         yield
-
-
-from . import field_faults  # noqa: E402,F401  (its draft faults register here too: the DSpark zoo runs them)

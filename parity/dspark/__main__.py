@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None, console: Any = None) -> int:
         return EXIT_PASS
 
     def zoo(console: Any) -> int:
-        from ..bugzoo.dspark_faults import DSPARK_FAULTS
+        from ..bugzoo.draft_zoo import DSPARK_FAULTS
         from ..errors import ParityInputError
         from ..inputs import encode_prompts, select_prompts
         from .run import DraftSpec
@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None, console: Any = None) -> int:
         return EXIT_PASS if verdict.passed else EXIT_FAIL
 
     def acceptance_dump(console: Any) -> int:
-        from ..bugzoo.dspark_faults import DSPARK_FAULTS
+        from ..bugzoo.draft_zoo import DSPARK_FAULTS
         from ..errors import ParityInputError
         from ..inputs import encode_prompts, select_prompts
         from .acceptance_dump import dump_native

@@ -50,7 +50,7 @@ def dump_native(checkpoint: str, out: str | Path, *, prompts: Sequence[Any], k: 
 
     from dsv4.plan import PrecisionPlan
 
-    from ..bugzoo.dspark_faults import DSPARK_FAULTS
+    from ..bugzoo.draft_zoo import DSPARK_FAULTS
     from ..source import resolve_checkpoint
     from .sides import native_side
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from ..bugzoo.dspark_faults import DSPARK_FAULTS, DraftFault
+from ..bugzoo.draft_zoo import DSPARK_FAULTS, DraftFault
 from .judge import DraftVerdict, judge
 from .report import acceptance_table
 from .run import DraftSpec, run_draft_parity

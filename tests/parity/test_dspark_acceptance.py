@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from parity.bugzoo.dspark_faults import DSPARK_FAULTS
+from parity.bugzoo.draft_zoo import DSPARK_FAULTS
 from parity.dspark.__main__ import main as dspark_main
 from parity.dspark.acceptance import FORMAT, check_servable, judge_acceptance, read_dump
 from parity.dspark.acceptance_dump import dump_native

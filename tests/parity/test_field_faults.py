@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from parity.bugzoo import get_fault, list_faults
-from parity.bugzoo.dspark_faults import DSPARK_FAULTS
+from parity.bugzoo.draft_zoo import DSPARK_FAULTS
 from parity.bugzoo.field_faults import act_scale_mantissa_dropped, padded_width
 from parity.bugzoo.runner import ZooSpec, load_holdout, run_zoo
 from parity.rules import load_rules
