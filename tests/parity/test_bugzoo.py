@@ -62,7 +62,7 @@ def test_register_list_get_and_unregister(scratch_fault: str) -> None:
     assert get_fault(scratch_fault) is f
     assert [x.name for x in list_faults()][-1] == scratch_fault   # user faults after the built-ins
     assert f.expectation() == {"column": "logic", "layer": 2, "component": "router", "localization": ["router"],
-                               "modes": ["isolated"], "backend": None}
+                               "modes": ["isolated"], "backend": None, "checkpoint": False}
     assert f.description == "a test fault" and f.module == __name__
     assert f.localizes(2, "router") and not f.localizes(3, "router") and not f.localizes(2, "moe")
     unregister_fault(scratch_fault)
