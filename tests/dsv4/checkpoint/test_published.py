@@ -114,3 +114,60 @@ def test_the_two_published_0731_configs_agree_but_for_the_pruning(monkeypatch) -
     hf = DSV4Config.from_json(REAP / "config.json")
     official = DSV4Config.from_json(HERE / "flash-0731-inference" / "inference_config.json")
     assert hf.replace(name="x", n_routed_experts=256) == official.replace(name="x")
+
+
+# ---- third-party censuses of the official 0731 / 0813 headers (published/*-census/PROVENANCE.json) ----
+def _census(c: DSV4Config) -> dict:
+    """The census fields of an inventory, computed from what the official-dspark layout derives from ``c``."""
+    from dsv4.checkpoint.sparse import DTYPE_BYTES
+
+    counts: dict[str, int] = {}
+    by_dtype: dict[str, int] = {}
+    layer: dict[str, dict[str, int]] = {"layer_dense_bytes": {}, "layer_routed_bytes": {}}
+    draft = {"draft_dense_bytes": 0, "draft_routed_bytes": 0}
+    for name, (dtype, shape) in expected_tensors(c, "official-dspark").items():
+        n = DTYPE_BYTES[dtype]
+        for d in shape:
+            n *= d
+        counts[dtype] = counts.get(dtype, 0) + 1
+        by_dtype[dtype] = by_dtype.get(dtype, 0) + n
+        kind = "routed" if ".ffn.experts." in name else "dense"
+        if name.startswith("layers."):
+            i = name.split(".")[1]
+            layer[f"layer_{kind}_bytes"][i] = layer[f"layer_{kind}_bytes"].get(i, 0) + n
+        elif name.startswith("mtp."):
+            draft[f"draft_{kind}_bytes"] += n
+    total = sum(by_dtype.values())
+    routed = sum(layer["layer_routed_bytes"].values()) + draft["draft_routed_bytes"]
+    return {"tensor_count": sum(counts.values()), "checkpoint_bytes": total, "dtype_tensor_counts": counts,
+            "dtype_bytes": by_dtype, "routed_bytes": routed, "dense_bytes": total - routed, **layer, **draft}
+
+
+@pytest.mark.parametrize("fixture, name", [("pro-0813-census", "pro-0813"), ("flash-0731-census", "flash-0731")])
+def test_our_0731_0813_reading_matches_the_published_census(fixture, name) -> None:
+    """Name count, dtype per tensor kind, every shape (through the bytes: per dtype, per layer, per
+    draft, dense vs routed) of the layout derived from the preset equal the census of the released headers."""
+    inv = json.loads((HERE / fixture / "inventory.json").read_text())
+    assert inv["repo"].endswith(("Pro-0813", "Flash-0731"))
+    ours = _census(preset(name))
+    assert {k: inv[k] for k in ours} == ours
+    assert inv["header_storage_bytes"] == inv["checkpoint_bytes"]
+
+
+def test_sparse_pro_0813_opens_as_dspark_and_dry_runs(tmp_path) -> None:
+    """A sparse Pro-0813 checkpoint (every tensor the census counts, headers only) is detected, fully
+    validated, and dry-runs; its DSpark stages (mtp.0-2, 384 experts each) are recognised."""
+    inv = json.loads((HERE / "pro-0813-census" / "inventory.json").read_text())
+    out = sparse_checkpoint(preset("pro-0813"), "official-dspark", tmp_path / "pro0813")
+    idx = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(idx["weight_map"]) == inv["tensor_count"] and idx["metadata"]["total_size"] == inv["checkpoint_bytes"]
+    r = open_checkpoint(out)   # raises on any missing / unexpected tensor, wrong dtype or shape
+    assert r.flavor == "official-dspark" and r.has_mtp and r.config.dspark_stages == 3
+    assert r.config.dspark_target_layer_ids == (58, 59, 60) and r.config.dspark_markov_rank == 512
+    assert r.weight_format("mtp.0.main_proj").kind == "fp8_block"
+    assert r.weight_format("mtp.2.ffn.experts.383.w2").kind == "mxfp4"
+    assert r.weight_format("mtp.2.markov_head.markov_w1").shape == (129280, 512)
+    assert r.weight_format("ffn.experts.383.w1", 60).kind == "mxfp4"
+    text = _dry_run(out)
+    assert "layout official-dspark" in text and "mtp.0.main_proj.weight" in text
+    assert "native:default (floor / bug budget)" in text
