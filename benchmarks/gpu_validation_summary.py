@@ -36,9 +36,9 @@ def _card() -> dict[str, Any]:
         return {"name": f"unknown ({e})"}
 
 
-def _pytest(res: Path) -> dict[str, Any] | None:
+def _pytest(res: Path, name: str) -> dict[str, Any] | None:
     try:
-        root = ET.parse(res / "pytest_gpu.xml").getroot()
+        root = ET.parse(res / f"{name}.xml").getroot()
     except (OSError, ET.ParseError):
         return None
     suite = root if root.tag == "testsuite" else root.find("testsuite")
@@ -86,8 +86,8 @@ def summarize(res: Path) -> dict[str, Any]:
         except ValueError:
             continue
         s["timed_out"] = s["rc"] in (124, 137)
-        if s["name"] == "pytest_gpu":
-            s["pytest"] = _pytest(res)
+        if s["name"].startswith("pytest_"):
+            s["pytest"] = _pytest(res, s["name"])
         else:
             stem = {"decode300_audited": "decode300", "decode_graphs": "decode64_graphs"}.get(s["name"], s["name"])
             s["result"] = _figures(s["name"], _load(res / f"{stem}.json"))   # beside the step's own fields

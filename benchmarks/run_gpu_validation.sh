@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU validation of issue-sized claims, run from the repo root on an H100/H200 with CuTe DSL on
-# PYTHONPATH:  bash benchmarks/run_gpu_validation.sh [tests|verdicts|dspark|zoo|all]
+# PYTHONPATH:  bash benchmarks/run_gpu_validation.sh [tests|parity-suite|verdicts|dspark|zoo|all]
 # Parts fit one 10-minute device call each and append to the same results directory (/tmp/gpu-results,
 # kept while the machine is warm); every part rewrites one JSON summary naming the card
 # (benchmarks/gpu_validation_summary.py) and copies it, with the log, to $OUT.
-#   tests     pytest -m "gpu or sm90 or parity" (junit XML counted)
+#   tests     pytest -m "(gpu or sm90) and not parity"; parity-suite: pytest -m parity (junit XML counted)
 #   verdicts  first_token chat+thinking on cutedsl_sm90 (bug-budget column = exact audit), parity.audit run,
 #             a 300-token teacher-forced decode with every call audited, CUDA-graph decode vs eager
 #   dspark    DSpark draft parity on cutedsl_sm90, chat and thinking (each must finish in 3 min)
@@ -27,9 +27,12 @@ step() {
 }
 run_part() {
   case "$1" in
-  tests)
-    step pytest_gpu 420 python3 -m pytest -q -rs -p no:cacheprovider -m "gpu or sm90 or parity" \
+  tests)   # the kernel and GPU tests; the parity suite is the next part (together they ran over 330 s on an H100)
+    step pytest_gpu 540 python3 -m pytest -q -rs -p no:cacheprovider -m "(gpu or sm90) and not parity" \
         --junitxml="$RES/pytest_gpu.xml" ;;
+  parity-suite)
+    step pytest_parity 540 python3 -m pytest -q -rs -p no:cacheprovider -m "parity" \
+        --junitxml="$RES/pytest_parity.xml" ;;
   verdicts)
     step first_token_chat 120 python3 -m parity.first_token --mode chat --device cuda --backend cutedsl_sm90 \
         --json "$RES/first_token_chat.json"
@@ -52,13 +55,13 @@ run_part() {
         --fault kernel_act_scale_1_in_64 --fault kernel_alpha_of_next_expert --json "$RES/zoo_kernel_faults.json"
     step bench_audit 120 python3 benchmarks/bench_audit.py --checkpoint tiny-trained --backend cutedsl_sm90 \
         --device cuda --json "$RES/bench_audit.json" ;;
-  *) echo "unknown part $1 (expected tests, verdicts, dspark, zoo or all)"; return 2 ;;
+  *) echo "unknown part $1 (expected tests, parity-suite, verdicts, dspark, zoo or all)"; return 2 ;;
   esac
 }
 {
   nvidia-smi -L
   python3 -c "import cutlass, torch; print('cutlass ok, torch', torch.__version__)"
-  if [ "$PART" = all ]; then for p in tests verdicts dspark zoo; do run_part "$p"; done; else run_part "$PART"; fi
+  if [ "$PART" = all ]; then for p in tests parity-suite verdicts dspark zoo; do run_part "$p"; done; else run_part "$PART"; fi
   python3 benchmarks/gpu_validation_summary.py "$RES" --out "$RES/gpu_validation.json"
 } 2>&1 | tee -a "$RES/log.txt"
 if [ -n "${OUT:-}" ]; then cp "$RES/gpu_validation.json" "$RES/log.txt" "$OUT/" 2>/dev/null; fi

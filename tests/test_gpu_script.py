@@ -45,7 +45,7 @@ def test_every_module_step_parses(module: str, args: list[str]) -> None:
 
 def test_the_script_covers_every_claim_of_the_gpu_validation() -> None:
     text = SCRIPT.read_text(encoding="utf-8")
-    for needed in ('-m "gpu or sm90 or parity"', "parity.first_token --mode chat", "parity.first_token --mode thinking",
+    for needed in ('-m "(gpu or sm90) and not parity"', '-m "parity"', "parity.first_token --mode chat", "parity.first_token --mode thinking",
                    "parity.audit run", "--tokens 300", "--graphs", "kernel_alpha_of_next_expert", "bench_audit.py"):
         assert needed in text, needed
 
@@ -60,7 +60,13 @@ def test_the_summary_names_the_card_and_each_steps_verdict(tmp_path: Path) -> No
     (res / "steps.jsonl").write_text(
         '{"name": "audit_run", "rc": 0, "seconds": 12, "limit": 90}\n'
         '{"name": "dspark_chat", "rc": 124, "seconds": 180, "limit": 180}\n'
-        '{"name": "audit_run", "rc": 1, "seconds": 13, "limit": 90}\n')      # a rerun replaces the first
+        '{"name": "audit_run", "rc": 1, "seconds": 13, "limit": 90}\n'       # a rerun replaces the first
+        '{"name": "pytest_parity", "rc": 1, "seconds": 300, "limit": 540}\n')
+    (res / "pytest_parity.xml").write_text(
+        '<testsuites><testsuite tests="4" failures="1" errors="0" skipped="1">'
+        '<testcase classname="t" name="a"/><testcase classname="t" name="b"><failure message="x"/></testcase>'
+        '<testcase classname="t" name="c"><skipped message="needs an sm_100 GPU"/></testcase>'
+        '<testcase classname="t" name="d"/></testsuite></testsuites>')
     (res / "audit_run.json").write_text(json.dumps({"calls": 760, "violating_calls": 2, "worst_ratio": "inf",
                                                     "seconds": {"plain": 0.5}}))   # a step's own 'seconds' kept apart
     out = tmp_path / "s.json"
@@ -72,3 +78,5 @@ def test_the_summary_names_the_card_and_each_steps_verdict(tmp_path: Path) -> No
     assert s["card"]["name"] and not s["all_passed"] and steps["audit_run"]["seconds"] == 13
     assert steps["audit_run"]["rc"] == 1 and steps["audit_run"]["result"]["violating_calls"] == 2
     assert steps["dspark_chat"]["timed_out"] and steps["dspark_chat"]["result"]["json"] == "missing"
+    assert steps["pytest_parity"]["pytest"] == {"tests": 4, "failures": 1, "errors": 0, "skipped": 1, "passed": 2,
+                                                "failed": ["t::b"], "skip_reasons": ["needs an sm_100 GPU"]}
