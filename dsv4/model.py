@@ -12,7 +12,7 @@ import logging
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 import torch
 
@@ -182,7 +182,8 @@ class NativeModel:
 
     def __init__(self, *, reader: CheckpointReader, plan: PrecisionPlan, backend: str, devices: dict[Any, str],
                  dispatchers: dict[str, Dispatcher], kernel_log: KernelLog, act_scale: str, embed: torch.Tensor,
-                 blocks: list[Block], head: Head, conversions: list[ConversionRecord]) -> None:
+                 blocks: list[Block | None], head: Head | None, conversions: list[ConversionRecord],
+                 only: list[Any] | None = None) -> None:
         self.config: DSV4Config = reader.config
         self.plan = plan
         self.backend = backend
@@ -194,6 +195,7 @@ class NativeModel:
         self.blocks = blocks
         self.head_module = head
         self.conversion_records = conversions
+        self.only = only                     # None: every part built
         self.checkpoint_path = str(reader.path)
         self.flavor = reader.flavor
         self.act_dtype = _ACT_DTYPES[plan.act_dtype]
@@ -253,8 +255,14 @@ class NativeModel:
         return DecodeState(ids.to("cpu"), 0, [LayerCache(WindowCache(self.config.sliding_window))
                                               for _ in self.blocks])
 
+    def _built(self, part: Any, obj: Any) -> Any:
+        if obj is None:   # a pipeline rank's share (load_model(only=...)) lacks this part
+            raise ValueError(f"{part}: expected a part this model built, found it outside only={self.only}")
+        return obj
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         ids = self._ids(ids)
+        self._built("embed", self.embed_weight)
         e = self.embed_weight[ids.to(self.embed_weight.device)].to(self.act_dtype)
         probes.emit("embed", e)
         return e[:, None, :].expand(-1, self.config.hc_mult, -1).contiguous()
@@ -273,7 +281,7 @@ class NativeModel:
         if cache.length != state.start:
             raise ValueError(f"layer {i}: expected its cache at position {state.start} (the chunk start), found "
                              f"{cache.length} (was this chunk already run through layer {i}?)")
-        block = self.blocks[i]
+        block = self._built(f"layer {i}", self.blocks[i])
         X = X.to(block.device, self.act_dtype)
         return block(X, cache, state.start, state.chunk.to(block.device))
 
@@ -282,7 +290,7 @@ class NativeModel:
         if not isinstance(X, torch.Tensor) or X.dim() != 3 or tuple(X.shape[1:]) != (c.hc_mult, c.hidden_size):
             raise ValueError(f"head X: expected [T, {c.hc_mult}, {c.hidden_size}], found "
                              f"{list(X.shape) if isinstance(X, torch.Tensor) else type(X).__name__}")
-        return self.head_module(X.to(self.device_map["head"], self.act_dtype))
+        return self._built("head", self.head_module)(X.to(self.device_map["head"], self.act_dtype))
 
     def _forward(self, state: DecodeState) -> torch.Tensor:
         X = self.embed(state.chunk)
@@ -370,8 +378,12 @@ def resolve_checkpoint(path_or_preset: str | Path) -> Path:
 
 
 def load_model(path_or_preset: str | Path, *, plan: Any = "default", backend: str = "auto", device: str = "cpu",
-               device_map: Mapping[Any, str] | None = None, act_scale: str = "static") -> NativeModel:
-    """Build the native model. Every argument is validated before any weight is converted."""
+               device_map: Mapping[Any, str] | None = None, act_scale: str = "static",
+               only: Collection[Any] | None = None) -> NativeModel:
+    """Build the native model. Every argument is validated before any weight is converted.
+
+    ``only``: build just these parts (layer indices, 'embed', 'head'; a pipeline rank's share,
+    parity/pipeline.py); the others stay None and calling them is an error."""
     plan_obj = resolve_plan(plan)
     if act_scale not in ACT_SCALE_POLICIES:
         raise ValueError(f"act_scale: expected one of {ACT_SCALE_POLICIES}, found {act_scale!r}")
@@ -380,15 +392,19 @@ def load_model(path_or_preset: str | Path, *, plan: Any = "default", backend: st
     devices = layer_devices(cfg, device, device_map)
     klog = KernelLog()
     dispatchers = {dev: Dispatcher(get_backend(backend, dev), klog) for dev in sorted(set(devices.values()))}
+    keys = list(devices) if only is None else list(only)
+    bad = [k for k in keys if k not in devices]
+    if bad:
+        raise ValueError(f"only: expected layer indices 0..{cfg.num_hidden_layers - 1}, 'embed' or 'head', found {bad}")
     b = _Builder(reader, plan_obj, devices, dispatchers, act_scale)
-    blocks = [b.block(i) for i in range(cfg.num_hidden_layers)]
-    head = b.head()
+    blocks = [b.block(i) if i in keys else None for i in range(cfg.num_hidden_layers)]
+    head = b.head() if "head" in keys else None
     act = _ACT_DTYPES[plan_obj.act_dtype]
-    embed = b.tensor("embed", None, devices["embed"]).to(act)
+    embed = b.tensor("embed", None, devices["embed"]).to(act) if "embed" in keys else None
     if act != ACT_DTYPE:
         set_act_dtype([blocks, head], act)
     model = NativeModel(reader=reader, plan=plan_obj, backend=backend, devices=devices, dispatchers=dispatchers,
                         kernel_log=klog, act_scale=act_scale, embed=embed, blocks=blocks, head=head,
-                        conversions=b.records)
+                        conversions=b.records, only=None if only is None else keys)
     log.info("loaded %s", model)
     return model

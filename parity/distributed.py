@@ -128,6 +128,18 @@ def all_gather(obj: T) -> list[T]:
     return out
 
 
+def gather(obj: T) -> list[T] | None:
+    """Every rank's ``obj`` in rank order on rank 0, None on the others (``[obj]`` in one process)."""
+    w = current()
+    if not w.active:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] | None = [None] * w.size if w.main else None
+    dist.gather_object(obj, out, dst=0, group=_OBJECTS_GROUP)
+    return out
+
+
 def broadcast(obj: T) -> T:
     """Rank 0's ``obj`` on every rank."""
     if not current().active:
@@ -266,5 +278,5 @@ def quiet_console() -> Any:
     return Console(file=io.StringIO(), width=160)
 
 
-__all__ = ["World", "all_gather", "barrier", "broadcast", "check_shared_dir", "current", "env_world", "init",
-           "merge_results", "quiet_console", "run_threeway_sharded", "shard"]
+__all__ = ["World", "all_gather", "barrier", "broadcast", "check_shared_dir", "current", "env_world", "gather",
+           "init", "merge_results", "quiet_console", "run_threeway_sharded", "shard"]

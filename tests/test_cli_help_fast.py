@@ -9,8 +9,9 @@ import sys
 import pytest
 
 CLIS = ["parity.first_token", "parity.bugzoo", "parity.audit", "parity.check", "parity.decode",
-        "parity.compare_dumps", "parity.dumps", "parity.calibrate", "parity.dspark", "precision_floor.flips",
-        "precision_floor.search", "precision_floor.draft_floor", "precision_floor.report", "precision_floor.attribution",
+        "parity.compare_dumps", "parity.dumps", "parity.calibrate", "parity.dspark", "parity.pipeline",
+        "precision_floor.flips", "precision_floor.search", "precision_floor.draft_floor", "precision_floor.report",
+        "precision_floor.attribution",
         "dsv4.checkpoint.synth", "dsv4.checkpoint.verify", "dsv4.checkpoint.sparse",
         "dsv4.kernels.compile_check", "dsv4.decode.readiness", "dsv4.checkpoint.convert",
         "parity.engines.module_tree", "reference.training", "reference.training.draft"]
