@@ -2,6 +2,8 @@
 probes at chosen steps, request checks, the memory meter. CPU, the tiny native model (emulated)."""
 from __future__ import annotations
 
+import mmap
+
 import pytest
 import torch
 
@@ -90,6 +92,9 @@ def test_memory_meter_on_cpu_reads_the_resident_set(model) -> None:
     m = MemoryMeter(model_devices(model))
     assert model_devices(model) == ["cpu"] and m.kind == "cpu_rss"
     before = m.read()
-    blob = torch.ones(64 << 20, dtype=torch.uint8)   # 64 MiB, touched
+    # a fresh anonymous mapping, every page written: an allocator may hand back freed pages that are still
+    # resident (a torch tensor here once left the resident set unchanged after an earlier test)
+    blob = mmap.mmap(-1, 64 << 20)
+    blob.write(b"\x01" * (64 << 20))
     assert m.read() - before >= 32 << 20
-    del blob
+    blob.close()
