@@ -111,7 +111,8 @@ def _dry_run(console: Any, args: argparse.Namespace, plan: Any, device: str) -> 
         if cplan is not None:
             console.print(f"checkpoint plan ({reader.quant_config.source}): {cplan.name}  [--plan checkpoint]")
         if reader.config.ignored_keys:
-            console.print(f"config keys ignored on request: {list(reader.config.ignored_keys)}")
+            console.print(f"config keys ignored (harmless training/engine switches, or unknown keys allowed by "
+                          f"DSV4_ALLOW_UNKNOWN_CONFIG_KEYS): {list(reader.config.ignored_keys)}")
     console.print(f"probes copied to the host: {est['probe_host_bytes_per_prompt'] / gib:.3f} GiB per prompt of "
                   f"{tokens} tokens; {est['probe_host_bytes_held'] / gib:.3f} GiB held for {len(prompts)} prompts"
                   + ("" if real_tokenizer or (args.checkpoint not in REAL_PRESETS and not path.is_dir())
