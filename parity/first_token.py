@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: Any = None, console: Any
     def body(console: Any) -> int:
         from .cli import load_run_source, progress_bars
         from .env import code_version, device_name
-        from .records import atomic_write_json, json_safe, to_frame, write_records
+        from .records import atomic_write_json, to_frame, write_records
         from .render import (columns_table, header, layer_table, prompt_panel, rules_report, selection_table,
                              stat_table)
         from .rules import load_rules
@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: Any = None, console: Any
         console.print(f"wall {wall:.1f} s (forwards {fwd:.1f} s, {len(result.forwards)} runs; "
                       f"{len(result.records)} records)")
         if args.json and world.main:
-            atomic_write_json(args.json, json_safe(run_summary(result, verdict, df, wall)))
+            atomic_write_json(args.json, run_summary(result, verdict, df, wall))
         errors = result.column_errors
         if errors:   # the other columns are reported and written above; this one is the tool's failure
             from .cli import traceback_log

@@ -106,23 +106,11 @@ def _probe_info(probe: str) -> tuple[int | None, str]:
 
 
 def json_safe(obj: Any) -> Any:
-    """NaN / inf are not JSON: write them as strings, as the records do."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
-
-
-def json_safe(obj: Any) -> Any:
-    """``obj`` with every non-finite float spelled as the records spell it (``"inf"``, ``"-inf"``,
-    ``"nan"``), so a summary holding an infinite ratio is still standard JSON."""
+    """NaN / inf are not JSON: write them as strings, as the records do (every JSON writer applies it)."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return encode_value(obj)
     if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [json_safe(v) for v in obj]
     return obj

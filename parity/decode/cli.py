@@ -159,7 +159,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
     def body(console: Console) -> int:
         from ..env import code_version, device_name
         from ..logits_stats import KL_DIRECTION
-        from ..records import atomic_write_json, json_safe, to_frame, write_records
+        from ..records import atomic_write_json, to_frame, write_records
         from ..render import header, rules_report
         from ..rules import load_rules
         from ..verdict import evaluate
@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None, *, loaders: ModelLoaders | None = No
         console.print(f"wall {wall:.1f} s ({len(run.results)} prompt(s) x {spec.tokens} steps per model, "
                       f"{steps} steps compared; {len(records)} records)")
         if args.json:
-            atomic_write_json(args.json, json_safe(_summary(spec, run, verdict, free_fail, wall)))
+            atomic_write_json(args.json, _summary(spec, run, verdict, free_fail, wall))
         return EXIT_PASS if verdict.passed else EXIT_FAIL
 
     return run_cli(body, console, outputs_of(args))
