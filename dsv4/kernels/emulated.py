@@ -26,6 +26,21 @@ def _block_dequant(packed: torch.Tensor, scales: torch.Tensor, layout: str) -> t
     return nvfp4_dequantize(packed, scales, 1.0, scale_layout=layout)
 
 
+_DECODED = None
+
+
+def _weight_dequant(packed: torch.Tensor, scales: torch.Tensor, layout: str, extra: object = None,
+                    build=None) -> torch.Tensor:
+    """``_block_dequant`` of a weight operand through the process's :class:`DecodeCache`."""
+    global _DECODED
+    if _DECODED is None:
+        from .emulated_cache import DecodeCache
+
+        _DECODED = DecodeCache()
+    return _DECODED.get(packed, scales, (layout, extra),
+                        build or (lambda: _block_dequant(packed, scales, layout)))
+
+
 def _epilogue(y: torch.Tensor, swiglu_limit: float | None) -> torch.Tensor:
     """FP32 ``alpha * acc`` -> BF16, through ``silu(min(gate, L)) * clamp(up, -L, L)`` when fused."""
     if swiglu_limit is None:
@@ -44,7 +59,7 @@ class EmulatedBackend:
     def gemm(self, req: GemmRequest) -> torch.Tensor:
         req.validate()
         a = _block_dequant(req.a.packed, req.a.scales, req.a.scale_layout)
-        b = _block_dequant(req.b.packed, req.b.scales, req.b.scale_layout)
+        b = _weight_dequant(req.b.packed, req.b.scales, req.b.scale_layout)
         alpha = req.a.global_scale * req.b.global_scale  # FP32 product, as a kernel forms it
         return _epilogue((a @ b.T) * alpha, req.swiglu_limit)
 
@@ -60,12 +75,8 @@ class EmulatedBackend:
             lo, hi = offsets[e], offsets[e + 1]
             if lo == hi:  # empty experts are allowed and cost nothing
                 continue
-            packed = req.b.packed[e * n:(e + 1) * n]
-            if req.b.scale_layout == "swizzled":  # swizzled per expert, experts back to back
-                scales = unswizzle_scales(req.b.scales[e * per_expert:(e + 1) * per_expert], n, sc)
-            else:
-                scales = req.b.scales[e * n:(e + 1) * n]
-            b = _block_dequant(packed, scales, "linear")
+            b = _weight_dequant(req.b.packed, req.b.scales, req.b.scale_layout, (e, n),
+                                lambda e=e: _expert_dequant(req, e, n, sc, per_expert))
             out[lo:hi] = _epilogue((a[lo:hi] @ b.T) * req.alphas[e], req.swiglu_limit)
         return out
 
@@ -85,6 +96,15 @@ class EmulatedBackend:
         if req.scale_layout == "swizzled":
             scales = swizzle_scales(scales)
         return FP4Operand(packed, scales, g_out, k=int(req.x.shape[1]), scale_layout=req.scale_layout)
+
+
+def _expert_dequant(req: GroupedGemmRequest, e: int, n: int, sc: int, per_expert: int) -> torch.Tensor:
+    packed = req.b.packed[e * n:(e + 1) * n]
+    if req.b.scale_layout == "swizzled":  # swizzled per expert, experts back to back
+        scales = unswizzle_scales(req.b.scales[e * per_expert:(e + 1) * per_expert], n, sc)
+    else:
+        scales = req.b.scales[e * n:(e + 1) * n]
+    return _block_dequant(packed, scales, "linear")
 
 
 def _factory(device: torch.device) -> EmulatedBackend:

@@ -154,10 +154,27 @@ def _dequant(op: FP4Operand, groups: int = 1) -> torch.Tensor:
     return nvfp4_dequantize(op.packed, linear_scales(op, groups=groups), 1.0)
 
 
-def _gemm_expected(a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, k: int, swiglu_limit: float | None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    acc = a @ b.T
-    s = a.abs() @ b.abs().T
+_WEIGHTS = None
+
+
+def _weight(op: FP4Operand, groups: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The oracle's decode of a weight operand and its magnitudes, kept while the operand's tensors live
+    unchanged (dsv4.kernels.emulated_cache: identity and version checked on every hit), so a weight is
+    decoded once per audit, not once per call. A hit is the very tensor the decode builds."""
+    global _WEIGHTS
+    if _WEIGHTS is None:
+        from dsv4.kernels.emulated_cache import DecodeCache
+
+        _WEIGHTS = DecodeCache()
+    key = ("audit", op.scale_layout, op.k, groups)
+    b = _WEIGHTS.get(op.packed, op.scales, key, lambda: _dequant(op, groups))
+    return b, _WEIGHTS.get(op.packed, op.scales, key + ("abs",), b.abs)
+
+
+def _gemm_expected(a: torch.Tensor, b: tuple[torch.Tensor, torch.Tensor], alpha: torch.Tensor, k: int,
+                   swiglu_limit: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    acc = a @ b[0].T
+    s = a.abs() @ b[1].T
     al = alpha.to(torch.float32)
     pre = acc * al
     err = accumulation_bound(k, s) * al.abs() + (2 * U32 * BOUND_SLACK) * pre.abs()
@@ -175,7 +192,7 @@ def audit_gemm(req: GemmRequest, got: torch.Tensor) -> CallCheck:
                   torch.zeros(1), torch.ones(1, dtype=torch.bool), torch.full((1,), float("inf")))
         return check
     alpha = req.a.global_scale * req.b.global_scale
-    out, bound = _gemm_expected(_dequant(req.a), _dequant(req.b), alpha, req.a.k, req.swiglu_limit)
+    out, bound = _gemm_expected(_dequant(req.a), _weight(req.b), alpha, req.a.k, req.swiglu_limit)
     _compare(check, ["out", "m=", "n="], out, got, bound)
     return check
 
@@ -188,13 +205,13 @@ def audit_grouped(req: GroupedGemmRequest, got: torch.Tensor) -> CallCheck:
         return check
     a = _dequant(req.a)
     n = req.n_per_expert
-    b_all = nvfp4_dequantize(req.b.packed, linear_scales(req.b, groups=req.num_experts), 1.0)
+    b_all, b_abs = _weight(req.b, groups=req.num_experts)
     offsets = req.offsets.to("cpu").tolist()
     for e in range(req.num_experts):
         lo, hi = offsets[e], offsets[e + 1]
         if lo == hi:
             continue
-        out, bound = _gemm_expected(a[lo:hi], b_all[e * n:(e + 1) * n], req.alphas[e], req.a.k, req.swiglu_limit)
+        out, bound = _gemm_expected(a[lo:hi], (b_all[e * n:(e + 1) * n], b_abs[e * n:(e + 1) * n]), req.alphas[e], req.a.k, req.swiglu_limit)
         _compare(check, [f"out(expert {e}, rows {lo}..{hi - 1})", "m=", "n="], out, got[lo:hi], bound)
     return check
 
@@ -228,6 +245,9 @@ def audit_quant(req: ActQuantRequest, got: FP4Operand) -> CallCheck:
         return check
     delta = 0.0 if req.rms_weight is None else rmsnorm_delta(k) + 2 * U32
     g_k = got.global_scale.to(torch.float32).reshape(())
+    if delta == 0 and _bit_identical(req, y, got, g_k, m, k):
+        check.elements += 1 + m * (k // 16) + m * k     # what the step-by-step path counts, all clean
+        return check
     if req.global_scale is not None:
         g_o = req.global_scale.to(torch.float32).reshape(())
         _compare(check, ["global_scale"], g_o.reshape(1), g_k.reshape(1), torch.zeros(1))
@@ -257,6 +277,21 @@ def audit_quant(req: ActQuantRequest, got: FP4Operand) -> CallCheck:
     lo, hi = torch.where(zero, 0.0, lo), torch.where(zero, 0.0, hi)
     _interval(check, ["codes", "row ", "k "], torch.where(zero, 0.0, _e2m1_round(v)), codes_k, lo, hi)
     return check
+
+
+def _bit_identical(req: ActQuantRequest, y: torch.Tensor, got: FP4Operand, g_k: torch.Tensor, m: int,
+                   k: int) -> bool:
+    """Without a fused norm every step is exact: when the kernel's (finite, positive) global scale, block-scale bytes and
+    code bytes all equal the oracle's, the step-by-step judgement below finds nothing (same verdict,
+    one host read instead of five). Any difference, -0 vs +0 included, takes the step-by-step path."""
+    g_o = req.global_scale.to(torch.float32).reshape(()) if req.global_scale is not None \
+        else nvfp4_runtime_global_scale(y)
+    p_o, s_o, _ = nvfp4_quantize(y, g_k, recipe=req.recipe)
+    s_k = linear_scales(got, rows=m).reshape(m, k // 16)
+    same = torch.stack([(g_o == g_k) & (g_k > 0) & torch.isfinite(g_k),
+                        (p_o == got.packed).all(),
+                        (s_o.view(torch.uint8) == s_k.view(torch.uint8)).all()])
+    return bool(same.all())
 
 
 def _interval(check: CallCheck, where: list[str], expected: torch.Tensor, got: torch.Tensor, lo: torch.Tensor,

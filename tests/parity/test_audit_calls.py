@@ -150,3 +150,33 @@ def test_calls_on_the_gpu_are_replayed_there() -> None:
     assert audit_quant(req, be.quantize_activation(req)).violations == 0
     req = ActQuantRequest(x, None)
     assert audit_quant(req, be.quantize_activation(req)).violations == 0
+
+
+def test_bit_identical_quant_takes_the_short_path_with_the_same_count(monkeypatch) -> None:
+    """A clean call judged by the one-read byte comparison counts the elements the step-by-step
+    judgement counts; a -0 code where the oracle has +0 leaves the short path and is no violation."""
+    import parity.audit.calls as calls
+
+    req, a = _act(4, 64, 11)
+    fast = audit_quant(req, a)
+    monkeypatch.setattr(calls, "_bit_identical", lambda *a, **k: False)
+    slow = audit_quant(req, a)
+    assert fast.passed and slow.passed and fast.elements == slow.elements == 1 + 4 * 4 + 4 * 64
+    monkeypatch.undo()
+    codes = a.packed.clone()
+    zero = (codes & 0x0F) == 0
+    assert bool(zero.any())
+    codes[zero] |= 0x08                         # +0 low nibbles written as -0: equal values
+    c = audit_quant(req, FP4Operand(codes, a.scales, a.global_scale, k=64))
+    assert c.passed and c.elements == fast.elements
+
+
+def test_a_weight_changed_in_place_is_decoded_again() -> None:
+    w = _weight(16, 64, 3)
+    req_a, a = _act(2, 64, 4)
+    req = GemmRequest(a, w)
+    before = BE.gemm(req)
+    assert audit_gemm(req, before).passed
+    w.packed[0, :] ^= 0x77                      # row 0 changes: the oracle (and the backend) see the new bytes
+    assert not audit_gemm(req, before).passed
+    assert audit_gemm(req, _fp64_order(req)).passed and audit_gemm(req, BE.gemm(req)).passed
