@@ -1,0 +1,447 @@
+"""sm_90a NVFP4 GEMM specialized for decode (M <= 16 tokens): warp-specialized weight streaming.
+
+``y[M, N] = alpha * a[M, K] @ b[N, K]^T`` with a = the few tokens, b = the weights (dense only).
+
+CTA = one producer warp + ``consumer_warps`` (4 or 8) consumer warps; it owns 128 weight rows
+(``swiglu``: 64 gate rows + the matching 64 up rows) x all M tokens x a K range (split-K over
+``gridDim.y``). Per k-tile (``bk`` = 128 or 256 elements of K):
+
+* producer warp: waits for the ring stage to be empty (mbarrier), then lane 0 arms the stage's
+  *full* mbarrier with the byte count, and the lanes issue one 1-D bulk async copy
+  (``cp.async.bulk``, TMA engine, L2 evict-first) per weight row and per token row
+  (``bk/2`` packed bytes each), plus 4-byte ``cp.async`` copies of the swizzled E4M3 scales
+  (one per row and 64 K; zero-filled past K) whose completion is tracked by the same mbarrier
+  (``cp.async.mbarrier.arrive.noinc``). ``stages`` stages are in flight.
+* consumer warps: warp (phase p, half h) handles k-tiles i = p (mod P), P = warps/2, rows
+  ``64h .. 64h+63``. It decodes FP4 straight from shared memory into ``mma.sync.m16n8k16``
+  register fragments (weights = A, 4 m16 fragments; tokens = B, 1 or 2 n8 fragments), with the
+  same E2M1 x E4M3 -> FP16 decode as the WGMMA kernel (``ptx.decode_e2m1x8``: every product exact
+  in FP16), FP32 accumulation, then arrives on the stage's *empty* mbarrier.
+
+No FP16 tile in shared memory, no CTA barrier in the main loop. K order inside an MMA is a
+permutation of the true K order, identical for both operands (each lane decodes the same K words
+of its weight rows and of its token), so the dot products are unchanged.
+
+Epilogue: the P phase partials are summed in shared memory in phase order, split-K partials through
+an FP32 workspace in split order by the last CTA of the tile (atomic counter, self-resetting):
+deterministic. Then alpha (FP32), optional SwiGLU ``silu(min(g,L)) * clamp(u,-L,L)``, BF16 stores.
+
+Requires K % 32 == 0 (16-byte aligned rows and bulk copies), 16-byte aligned packed pointers and
+swizzled (32_4_4) scales; rows past N and tokens past M are never copied (their stale smem only
+reaches output rows / columns that are not stored); k-units past K get a zero scale.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Boolean, Float32, Int32, Int64, Uint32
+
+from . import decode_ptx as dp
+from . import ptx
+
+ROWS = 128  # weight rows per CTA
+FULL_ARRIVALS = 1 + 32  # lane 0's arrive.expect_tx + 32 cp.async arrivals
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Compile-time shape class of the decode kernel (M, N, K, splits are runtime)."""
+
+    ntok: int = 8  # token tile: 8 (M <= 8) or 16 (M <= 16)
+    bk: int = 256  # K per stage: 128 or 256
+    stages: int = 4
+    consumer_warps: int = 4  # 4 or 8
+    swiglu: bool = False
+
+    @property
+    def nt(self) -> int:
+        return self.ntok // 8
+
+    @property
+    def phases(self) -> int:
+        return self.consumer_warps // 2
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.consumer_warps + 1)
+
+    @property
+    def qpt(self) -> int:
+        """16-byte quads (32 K) per lane per row and stage."""
+        return self.bk // 128
+
+    @property
+    def groups(self) -> int:
+        """64-K scale units per row and stage."""
+        return self.bk // 64
+
+    @property
+    def pitch(self) -> int:
+        """Shared row pitch (bytes): 144 for bk=256 (rows 4 banks apart), 64 for bk=128."""
+        return self.bk // 2 + (16 if self.bk == 256 else 0)
+
+    @property
+    def a_off(self) -> int:
+        return ROWS * self.pitch
+
+    @property
+    def ws_off(self) -> int:
+        return self.a_off + self.ntok * self.pitch
+
+    @property
+    def as_off(self) -> int:
+        return self.ws_off + ROWS * self.groups * 4
+
+    @property
+    def stage_bytes(self) -> int:
+        return (self.as_off + self.ntok * self.groups * 4 + 127) // 128 * 128
+
+    @property
+    def ld(self) -> int:
+        """Row pitch (floats) of the FP32 epilogue tile [row][token]."""
+        return self.ntok + 1
+
+    @property
+    def col_tile(self) -> int:
+        return ROWS // 2 if self.swiglu else ROWS
+
+    def smem_bytes(self) -> int:
+        return self.stages * self.stage_bytes + 128 + 2 * self.stages * 8 + 64
+
+    def check(self) -> None:
+        assert self.ntok in (8, 16), self.ntok
+        assert self.bk in (128, 256), self.bk
+        assert self.consumer_warps in (4, 8), self.consumer_warps
+        assert self.stages >= 2
+        assert self.phases * ROWS * self.ld * 4 <= self.stages * self.stage_bytes, "epilogue tile"
+        assert self.smem_bytes() <= 227 * 1024, self.smem_bytes()
+
+
+class Sm90DecodeGemm:
+    """Build with a ``DecodeConfig``; ``__call__`` is the ``@cute.jit`` launcher to ``cute.compile``."""
+
+    def __init__(self, cfg: DecodeConfig):
+        cfg.check()
+        self.cfg = cfg
+
+    @cute.jit
+    def __call__(
+        self,
+        a_words: cute.Pointer,  # Uint8: tokens, packed [M, K/2] (16-byte aligned)
+        a_scales: cute.Pointer,  # Uint8: swizzled scales of a
+        b_words: cute.Pointer,  # Uint8: weights, packed [N, K/2] (16-byte aligned)
+        b_scales: cute.Pointer,  # Uint8: swizzled scales of b
+        alpha_a: cute.Pointer,  # Float32: a.global_scale
+        alpha_b: cute.Pointer,  # Float32: b.global_scale
+        out: cute.Pointer,  # BFloat16 [M, n_out]
+        workspace: cute.Pointer,  # Float32 split-K partials [tiles, splits, 128, ntok] / unused
+        counters: cute.Pointer,  # Int32 [tiles] split-K counters (zero, self-resetting) / unused
+        m: Int32,
+        n: Int32,
+        k: Int32,
+        tiles: Int32,  # weight-row tiles (grid.x)
+        splits: Int32,  # grid.y
+        swiglu_limit: Float32,
+        stream,
+    ):
+        cfg = self.cfg
+
+        @cute.struct
+        class Storage:
+            bars: cute.struct.MemRange[Int64, 2 * cfg.stages]
+            misc: cute.struct.MemRange[Int32, 16]
+            ring: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cfg.stages * cfg.stage_bytes], 128]
+
+        self.kernel(a_words, a_scales, b_words, b_scales, alpha_a, alpha_b, out, workspace, counters,
+                    m, n, k, splits, swiglu_limit, Storage).launch(
+            grid=[tiles, splits, 1], block=[cfg.threads, 1, 1], smem=Storage.size_in_bytes(),
+            stream=stream)
+
+    # ------------------------------------------------------------------ device kernel
+    @cute.kernel
+    def kernel(self, a_words: cute.Pointer, a_scales: cute.Pointer, b_words: cute.Pointer,
+               b_scales: cute.Pointer, alpha_a: cute.Pointer, alpha_b: cute.Pointer, out: cute.Pointer,
+               workspace: cute.Pointer, counters: cute.Pointer, m: Int32, n: Int32, k: Int32,
+               splits: Int32, swiglu_limit: Float32, Storage: cutlass.Constexpr):
+        cfg = self.cfg
+        S = cfg.stages
+        tid, _, _ = cute.arch.thread_idx()
+        bx, bz, _ = cute.arch.block_idx()
+        warp = tid // 32
+        lane = tid % 32
+        smem = cutlass.memory.SmemAllocator()
+        st = smem.allocate(Storage)
+        bar0 = st.bars.data_ptr().toint()  # full[s] = bar0 + 8s, empty[s] = bar0 + 8(S+s)
+        ring_ptr = st.ring.data_ptr()
+        ring = ring_ptr.toint()
+        misc = cute.make_tensor(st.misc.data_ptr(), cute.make_layout(16))
+
+        k_tiles = (k + cfg.bk - 1) // cfg.bk
+        per_split = (k_tiles + splits - 1) // splits
+        kt0 = bz * per_split
+        n_kt = cutlass.max(cutlass.min(k_tiles, kt0 + per_split) - kt0, 0)
+
+        if tid == 0:
+            for s in cutlass.range_constexpr(S):
+                dp.mbar_init(bar0 + 8 * s, Int32(FULL_ARRIVALS))
+                dp.mbar_init(bar0 + 8 * (S + s), Int32(64))
+            dp.fence_mbar_init()
+        cute.arch.sync_threads()
+
+        acc = cute.make_rmem_tensor((4 * cfg.nt * 4,), Float32)
+        acc.fill(0.0)
+        if warp == cfg.consumer_warps:
+            self._produce(a_words, a_scales, b_words, b_scales, m, n, k, kt0, n_kt, bx, lane, bar0, ring)
+        else:
+            self._consume(acc, k, kt0, n_kt, warp, lane, bar0, ring)
+        cute.arch.sync_threads()  # every stage consumed: the ring is free for the epilogue
+
+        # ---------------- phase partials -> FP32 tile [row][token] (phase order)
+        ld = cfg.ld
+        tile_f32 = cute.recast_ptr(ring_ptr, dtype=Float32)
+        slab = cute.make_tensor(tile_f32, cute.make_layout(cfg.phases * ROWS * ld))
+        if warp < cfg.consumer_warps:
+            ph = warp // 2
+            rh = warp % 2
+            g = lane // 4
+            t = lane % 4
+            for f in cutlass.range_constexpr(4):
+                for j in cutlass.range_constexpr(cfg.nt):
+                    for c in cutlass.range_constexpr(4):
+                        row = rh * 64 + f * 16 + g + 8 * (c // 2)
+                        col = j * 8 + 2 * t + c % 2
+                        slab[(ph * ROWS + row) * ld + col] = acc[(f * cfg.nt + j) * 4 + c]
+        cute.arch.sync_threads()
+        T = cfg.threads
+        tile_elems = ROWS * cfg.ntok
+        if cutlass.const_expr(cfg.phases > 1):
+            for i in cutlass.range_constexpr((tile_elems + T - 1) // T):
+                e = tid + i * T
+                if e < tile_elems:
+                    o = (e // cfg.ntok) * ld + e % cfg.ntok
+                    v = slab[o]
+                    for p in cutlass.range_constexpr(1, cfg.phases):
+                        v = v + slab[p * ROWS * ld + o]
+                    slab[o] = v
+            cute.arch.sync_threads()
+
+        last = Boolean(True)
+        if splits > 1:
+            last = self._split_reduce(slab, workspace, counters, splits, misc, tid, bx, bz)
+        if last:
+            self._store(slab, alpha_a, alpha_b, out, m, n, bx, swiglu_limit, tid)
+
+    # ------------------------------------------------------------------ producer warp
+    @cute.jit
+    def _wrow(self, r, bx, n):
+        """Local weight row ``r`` of tile ``bx`` -> (global row, valid)."""
+        cfg = self.cfg
+        grow = Int32(0)
+        valid = Boolean(False)
+        if cutlass.const_expr(cfg.swiglu):
+            nh = n // 2
+            j = bx * (ROWS // 2) + r % (ROWS // 2)
+            valid = j < nh
+            grow = j
+            if r >= ROWS // 2:
+                grow = j + nh
+        else:
+            grow = bx * ROWS + r
+            valid = grow < n
+        return grow, valid
+
+    @cute.jit
+    def _copy_row(self, dst, ws_dst, src_row, sc_base, grow, kt, k, kb, bar, policy, use_hint: cutlass.Constexpr):
+        """Bulk copy of one row's k-tile (``kb`` bytes) + its 64-K scale words (4-byte cp.async)."""
+        cfg = self.cfg
+        if cutlass.const_expr(use_hint):
+            dp.bulk_g2s_hint(dst, src_row, kb, bar, policy)
+        else:
+            dp.bulk_g2s(dst, src_row, kb, bar)
+        scale_cols = k // 16
+        sc_pad = (scale_cols + 3) // 4 * 4
+        for u in cutlass.range_constexpr(cfg.groups):
+            cg = kt * cfg.groups + u
+            sb = cutlass.max(cutlass.min(scale_cols - cg * 4, 4), 0)
+            if sb > 0:
+                soff = (((grow // 128) * (sc_pad // 4) + cg) * 512 + (grow % 32) * 16
+                        + ((grow // 32) % 4) * 4)
+                ptx.cp_async_4(ws_dst + u * 4, sc_base + Int64(soff), sb)
+
+    @cute.jit
+    def _produce(self, a_words, a_scales, b_words, b_scales, m, n, k, kt0, n_kt, bx, lane, bar0, ring):
+        cfg = self.cfg
+        S = cfg.stages
+        row_bytes = Int64(k // 2)
+        a_base = a_words.toint()
+        b_base = b_words.toint()
+        as_base = a_scales.toint()
+        bs_base = b_scales.toint()
+        policy = dp.l2_evict_first()
+        vrows = Int32(0)
+        if cutlass.const_expr(cfg.swiglu):
+            vrows = 2 * cutlass.max(cutlass.min(n // 2 - bx * (ROWS // 2), ROWS // 2), 0)
+        else:
+            vrows = cutlass.max(cutlass.min(n - bx * ROWS, ROWS), 0)
+        vtok = cutlass.min(m, cfg.ntok)
+        for i in cutlass.range(n_kt, unroll=1):
+            s = i % S
+            full = bar0 + 8 * s
+            if i >= S:
+                dp.mbar_wait(bar0 + 8 * (S + s), (i // S - 1) % 2)
+            kt = kt0 + i
+            k_el = kt * cfg.bk
+            kb = cutlass.min(cfg.bk // 2, (k - k_el) // 2)
+            if lane == 0:
+                dp.mbar_arrive_expect_tx(full, (vrows + vtok) * kb)
+            cute.arch.sync_warp()
+            base = ring + s * cfg.stage_bytes
+            koff = Int64(k_el // 2)
+            for j in cutlass.range_constexpr(ROWS // 32):
+                r = lane + 32 * j
+                grow, valid = self._wrow(r, bx, n)
+                if valid:
+                    self._copy_row(base + r * cfg.pitch, base + cfg.ws_off + r * cfg.groups * 4,
+                                   b_base + Int64(grow) * row_bytes + koff, bs_base, grow, kt, k, kb,
+                                   full, policy, True)
+            if lane < vtok:
+                self._copy_row(base + cfg.a_off + lane * cfg.pitch, base + cfg.as_off + lane * cfg.groups * 4,
+                               a_base + Int64(lane) * row_bytes + koff, as_base, lane, kt, k, kb,
+                               full, policy, False)
+            dp.cp_async_mbar_arrive_noinc(full)
+
+    # ------------------------------------------------------------------ consumer warps
+    @cute.jit
+    def _consume(self, acc, k, kt0, n_kt, warp, lane, bar0, ring):
+        cfg = self.cfg
+        S = cfg.stages
+        ph = warp // 2
+        rh = warp % 2
+        g = lane // 4
+        t = lane % 4
+        for i in cutlass.range(ph, n_kt, cfg.phases, unroll=1):
+            s = i % S
+            dp.mbar_wait(bar0 + 8 * s, (i // S) % 2)
+            base = ring + s * cfg.stage_bytes
+            k_el = (kt0 + i) * cfg.bk
+            for qq in cutlass.range_constexpr(cfg.qpt):
+                q = t * cfg.qpt + qq  # 16-byte quad of the row chunk (32 K elements)
+                unit = q // 2  # its 64-K scale word
+                umask = Uint32(0)
+                if k_el + unit * 64 < k:
+                    umask = Uint32(0xFFFFFFFF)  # units past K: stale scales -> zero
+                shift = Uint32((q % 2) * 16)
+                self._quad(acc, base, q, unit, umask, shift, rh, g)
+            dp.mbar_arrive(bar0 + 8 * (S + s))
+
+    @cute.jit
+    def _quad(self, acc, base, q, unit, umask, shift, rh, g):
+        """One 32-K quad of every row of this warp and of every token: 8 k16-steps x 4 fragments."""
+        cfg = self.cfg
+        G = cfg.groups
+        # tokens (B operand): rows g and g + 8
+        bw = []
+        bs = []
+        for j in cutlass.range_constexpr(cfg.nt):
+            tok = g + 8 * j
+            bw.append(ptx.ld_shared_v4(base + cfg.a_off + tok * cfg.pitch + q * 16))
+            sc = (ptx.ld_shared_u32(base + cfg.as_off + (tok * G + unit) * 4) & umask) >> shift
+            bs.append(dp.e4m3x2_to_f16x2_bcast(sc))
+        # weights (A operand): rows rh*64 + 16f + g (+8)
+        aw = []
+        as_ = []
+        for f in cutlass.range_constexpr(4):
+            for hh in cutlass.range_constexpr(2):
+                row = rh * 64 + f * 16 + g + 8 * hh
+                aw.append(ptx.ld_shared_v4(base + row * cfg.pitch + q * 16))
+                sc = (ptx.ld_shared_u32(base + cfg.ws_off + (row * G + unit) * 4) & umask) >> shift
+                as_.append(dp.e4m3x2_to_f16x2_bcast(sc))
+        for w in cutlass.range_constexpr(4):  # words of the quad; scale block w // 2
+            hb = []
+            for j in cutlass.range_constexpr(cfg.nt):
+                hb.append(ptx.decode_e2m1x8(bw[j][w], bs[j][w // 2]))
+            for f in cutlass.range_constexpr(4):
+                h0 = ptx.decode_e2m1x8(aw[2 * f][w], as_[2 * f][w // 2])
+                h1 = ptx.decode_e2m1x8(aw[2 * f + 1][w], as_[2 * f + 1][w // 2])
+                for j in cutlass.range_constexpr(cfg.nt):
+                    for st in cutlass.range_constexpr(2):
+                        a_ = (f * cfg.nt + j) * 4
+                        d0, d1, d2, d3 = dp.mma_16816(
+                            h0[2 * st], h1[2 * st], h0[2 * st + 1], h1[2 * st + 1],
+                            hb[j][2 * st], hb[j][2 * st + 1],
+                            acc[a_], acc[a_ + 1], acc[a_ + 2], acc[a_ + 3])
+                        acc[a_] = d0
+                        acc[a_ + 1] = d1
+                        acc[a_ + 2] = d2
+                        acc[a_ + 3] = d3
+
+    # ------------------------------------------------------------------ epilogue
+    @cute.jit
+    def _split_reduce(self, slab, workspace, counters, splits, misc, tid, bx, bz):
+        """Write this split's FP32 tile; the last split CTA of the tile (atomic counter, reset to 0
+        for the next launch) sums all partials in split order into ``slab``."""
+        cfg = self.cfg
+        T = cfg.threads
+        ld = cfg.ld
+        tile_elems = ROWS * cfg.ntok
+        base = (bx * splits + bz) * tile_elems
+        for i in cutlass.range_constexpr((tile_elems + T - 1) // T):
+            e = tid + i * T
+            if e < tile_elems:
+                cute.arch.store(workspace + (base + e), slab[(e // cfg.ntok) * ld + e % cfg.ntok])
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.sync_threads()
+        if tid == 0:
+            cnt_ptr = counters + bx
+            old = cute.arch.atomic_add(cnt_ptr, Int32(1), sem="acq_rel", scope="gpu")
+            is_last = Int32(0)
+            if old == splits - 1:
+                is_last = Int32(1)
+                cute.arch.atomic_exch(cnt_ptr, Int32(0), sem="relaxed", scope="gpu")
+            misc[0] = is_last
+        cute.arch.sync_threads()
+        last = misc[0] != 0
+        if last:
+            cute.arch.fence_acq_rel_gpu()
+            for i in cutlass.range_constexpr((tile_elems + T - 1) // T):
+                e = tid + i * T
+                if e < tile_elems:
+                    tot = Float32(0.0)
+                    for zz in cutlass.range(splits, unroll=4):  # fixed split order
+                        tot = tot + cute.arch.load(
+                            workspace + ((bx * splits + zz) * tile_elems + e), Float32, cop="cg")
+                    slab[(e // cfg.ntok) * ld + e % cfg.ntok] = tot
+            cute.arch.sync_threads()
+        return last
+
+    @cute.jit
+    def _store(self, slab, alpha_a, alpha_b, out, m, n, bx, swiglu_limit, tid):
+        """alpha (FP32) -> optional SwiGLU -> BF16, predicated on valid tokens and columns."""
+        cfg = self.cfg
+        ld = cfg.ld
+        alpha = (cute.make_tensor(alpha_a, cute.make_layout(1))[0]
+                 * cute.make_tensor(alpha_b, cute.make_layout(1))[0])
+        n_out = n
+        if cutlass.const_expr(cfg.swiglu):
+            n_out = n // 2
+        ct = cfg.col_tile
+        col0 = bx * ct
+        total = cfg.ntok * ct
+        outt = cute.make_tensor(out, cute.make_layout((m, n_out), stride=(n_out, 1)))
+        for i in cutlass.range_constexpr((total + cfg.threads - 1) // cfg.threads):
+            e = tid + i * cfg.threads
+            tl = e // ct
+            cl = e % ct
+            col = col0 + cl
+            if e < total and tl < m and col < n_out:
+                y = slab[cl * ld + tl] * alpha
+                if cutlass.const_expr(cfg.swiglu):
+                    up = slab[(cl + ct) * ld + tl] * alpha
+                    lim = swiglu_limit
+                    gate = cutlass.min(y, lim)
+                    up = cutlass.max(cutlass.min(up, lim), -lim)
+                    sig = Float32(1.0) / (Float32(1.0) + cute.math.exp(-gate))
+                    y = gate * sig * up
+                outt[tl, col] = y.to(BFloat16)
