@@ -1,0 +1,102 @@
+"""CPU tier of the sm_90a decode GEMM (``decode_gemm_kernel.py``): every shape class compiles for
+sm_90a with placeholder pointers and its PTX holds what the design promises — mbarrier-guarded
+ring, bulk async copies of the rows, cp.async scale copies tracked by the mbarrier, warp-level
+FP16 MMA with FP32 accumulation, the exact E2M1 x E4M3 decode (no sm_100 FP4 instruction), and no
+local-memory traffic (the accumulators stay in registers). With ``ptxas`` on the PATH, also no
+spills and the register count leaves room for two CTAs per SM.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+
+import pytest
+
+HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
+needs_cutlass = pytest.mark.skipif(not HAS_CUTLASS, reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
+
+# name -> DecodeConfig kwargs
+VARIANTS = {
+    "n8_bk256": dict(ntok=8),
+    "n16_bk256": dict(ntok=16),
+    "n8_bk256_swiglu": dict(ntok=8, swiglu=True),
+    "n16_bk128_s6_swiglu": dict(ntok=16, bk=128, stages=6, swiglu=True),
+    "n16_w8_s8": dict(ntok=16, consumer_warps=8, stages=8),
+}
+
+
+@pytest.fixture(scope="module")
+def builds():
+    from dsv4.kernels.cutedsl.sm90.decode_gemm_kernel import DecodeConfig
+    from dsv4.kernels.cutedsl.sm90.decode_launch import compile_decode_gemm
+
+    out = {}
+    for name, kw in VARIANTS.items():
+        cfg = DecodeConfig(**kw)
+        _, ptx, _ = compile_decode_gemm(cfg, "sm_90a", keep_ptx=True)
+        out[name] = (cfg, ptx)
+    return out
+
+
+@needs_cutlass
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_decode_gemm_ptx_census(builds, name):
+    cfg, ptx = builds[name]
+    assert ".target sm_90a" in ptx
+    # ring protocol: 2 mbarriers per stage, waits, expect_tx, consumer releases
+    assert len(re.findall(r"mbarrier\.init\.shared::cta\.b64", ptx)) == 2 * cfg.stages
+    assert re.search(r"mbarrier\.try_wait\.parity", ptx)
+    assert re.search(r"mbarrier\.arrive\.expect_tx", ptx)
+    assert re.search(r"mbarrier\.arrive\.shared::cta\.b64", ptx)
+    assert re.search(r"cp\.async\.mbarrier\.arrive\.noinc", ptx)
+    # weights through the TMA engine with an L2 evict-first policy; tokens without the hint
+    assert re.search(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes\.L2::cache_hint", ptx)
+    assert re.search(r"createpolicy\.fractional\.L2::evict_first", ptx)
+    assert re.search(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 4,", ptx)
+    # MMA: 4 m16 fragments x (ntok/8) n8 tiles x 2 k16-steps x 4 words x quads per stage
+    mmas = len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", ptx))
+    assert mmas == 4 * cfg.nt * 2 * 4 * cfg.qpt
+    assert "wgmma" not in ptx
+    # decode: one mul.rn.f16x2 per f16x2 word; (8 weight rows + nt tokens) x 4 words x 4 per quad
+    assert ptx.count("mul.rn.f16x2") == (8 + cfg.nt) * 4 * 4 * cfg.qpt
+    assert not re.search(r"mul(\.[a-z0-9]+)*\.ftz[a-z0-9.]*\.f16x2", ptx)
+    assert re.search(r"cvt\.rn\.f16x2\.e4m3x2", ptx)
+    assert not re.search(r"cvt\.[a-z0-9.]*e2m1x2", ptx) and "tcgen05" not in ptx
+    # split-K counter protocol and no local memory
+    assert re.search(r"atom\.[a-z_.]*add", ptx)
+    assert not re.search(r"\b(ld|st)\.local\b", ptx)
+    assert cfg.smem_bytes() <= 227 * 1024
+
+
+@needs_cutlass
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on the PATH")
+@pytest.mark.parametrize("name", ["n8_bk256", "n16_bk256", "n8_bk256_swiglu"])
+def test_decode_gemm_ptxas_no_spills(builds, name, tmp_path):
+    _, ptx = builds[name]
+    src = tmp_path / "k.ptx"
+    src.write_text(ptx)
+    r = subprocess.run(["ptxas", "-arch=sm_90a", "-v", str(src), "-o", str(tmp_path / "k.cubin")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    info = r.stdout + r.stderr
+    assert re.search(r"0 bytes spill stores, 0 bytes spill loads", info), info
+    regs = int(re.search(r"Used (\d+) registers", info).group(1))
+    assert regs <= 168, regs  # 2 CTAs x 160 threads fit the 64K-register file
+
+
+def test_decode_plan_covers_the_sms_without_empty_splits():
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
+    from dsv4.kernels.cutedsl.sm90.decode_launch import decode_plan
+
+    for m, n, k, sw in [(1, 7168, 2048, False), (4, 6144, 7168, True), (16, 4096, 7168, False),
+                        (16, 129280, 7168, False), (1, 1536, 7168, False), (3, 40, 96, True), (9, 130, 32, False)]:
+        p = decode_plan(m, n, k, swiglu=sw, num_sms=132)
+        assert p.cfg.ntok == (8 if m <= 8 else 16)
+        k_tiles = -(-k // p.cfg.bk)
+        per = -(-k_tiles // p.splits)
+        assert (p.splits - 1) * per < k_tiles, "an empty split"
+        assert p.tiles * p.cfg.col_tile >= (n // 2 if sw else n)
+        # at least ~half the resident CTA slots, unless limited by k-tiles or the split cap
+        assert p.ctas >= min(132, p.tiles * k_tiles) or p.splits == 16, p

@@ -1,0 +1,229 @@
+"""The sm_90a decode GEMM (``DecodeGemm``, M <= 16 tokens) on a Hopper GPU, judged like the sm90
+backend's GEMMs (``gpu`` + ``sm90``; conftest skips them elsewhere).
+
+Bound (copied from test_cutedsl_sm90.py, spec nvfp4-and-kernels.md §6): both operands are exact in
+FP16, every product exact in FP32, so the kernel and the float64 reference differ only by FP32
+accumulation; per output element
+
+    |y_kernel - y_ref| <= 0.5 * ulp_bf16(max(|y_kernel|, |y_ref|)) + (K/16 + 16) * 2^-23 * alpha * sum_k |a_k b_k|
+
+The emulated backend (the contract's executable definition) obeys the same bound, so the kernel is
+also checked against it at twice the accumulation term. Results are recorded in ``DSV4_GPU_REPORT``
+(JSONL) when set.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dsv4.kernels.contract import FP4Operand, GemmRequest, KernelContractError
+from dsv4.numerics import e2m1_decode, e4m3_decode, swizzle_scales, to_float8_e4m3fn, unpack_nibbles
+
+pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
+
+
+def _report(kind: str, **fields) -> None:
+    path = os.environ.get("DSV4_GPU_REPORT")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps({"kind": kind, **fields}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def dg():
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
+    from dsv4.kernels.cutedsl.sm90.decode_launch import DecodeGemm
+
+    return DecodeGemm("cuda")
+
+
+@pytest.fixture(scope="module")
+def emu():
+    from dsv4.kernels.emulated import EmulatedBackend
+
+    return EmulatedBackend()
+
+
+# ----------------------------------------------------------------------------- operands (as test_cutedsl_sm90)
+def _operand(rows: int, k: int, gen: torch.Generator, *, layout: str = "swizzled",
+             zero_scale_frac: float = 0.05) -> FP4Operand:
+    """Uniform random codes (all 16, -0 included) and E4M3 block scales spanning 2^-4 .. 2^4."""
+    packed = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, generator=gen)
+    mag = torch.exp2(torch.rand(rows, k // 16, generator=gen) * 8 - 4)
+    mag[torch.rand(rows, k // 16, generator=gen) < zero_scale_frac] = 0.0
+    scales = to_float8_e4m3fn(mag)
+    if layout == "swizzled":
+        scales = swizzle_scales(scales.view(torch.uint8).reshape(1, rows, k // 16)).reshape(-1)
+        scales = scales.view(torch.float8_e4m3fn)
+    g = torch.exp2(torch.rand((), generator=gen) * 4 - 2)
+    return FP4Operand(packed.cuda(), scales.cuda(), g.float().cuda(), k=k, scale_layout=layout)
+
+
+def _deq(op: FP4Operand) -> torch.Tensor:
+    from dsv4.numerics import unswizzle_scales
+
+    sc = op.k // 16
+    scales = op.scales if op.scale_layout == "linear" else unswizzle_scales(op.scales, op.rows, sc)
+    vals = e2m1_decode(unpack_nibbles(op.packed)).double().reshape(op.rows, sc, 16)
+    return (vals * e4m3_decode(scales).double().unsqueeze(-1)).reshape(op.rows, op.k)
+
+
+def _ulp_bf16(x: torch.Tensor) -> torch.Tensor:
+    e = torch.floor(torch.log2(x.abs().clamp(min=2.0 ** -126)))
+    return torch.exp2(e - 7)
+
+
+def _check_gemm(got, a, b, alpha, k, label, acc_factor=1.0):
+    ref = (a @ b.T) * alpha
+    s = (a.abs() @ b.abs().T) * alpha.abs()
+    g = got.double()
+    err = (g - ref).abs()
+    tol = 0.5 * _ulp_bf16(torch.maximum(g.abs(), ref.abs())) + acc_factor * (k / 16 + 16) * 2.0 ** -23 * s
+    bad = ~(err <= tol)
+    _report("decode_gemm", label=label, shape=list(got.shape), k=k,
+            frac_bf16_identical=float((got == ref.to(torch.bfloat16)).float().mean()),
+            worst=float(err.max()) if got.numel() else 0.0)
+    if bool(bad.any()):
+        idx = bad.nonzero()[:8].tolist()
+        rows = sorted({i for i, _ in bad.nonzero().tolist()})
+        cols = sorted({j for _, j in bad.nonzero().tolist()})
+        raise AssertionError(f"{label}: {int(bad.sum())}/{bad.numel()} outside the bound; first {idx}; "
+                             f"got {[float(g[i, j]) for i, j in idx[:4]]} ref {[float(ref[i, j]) for i, j in idx[:4]]}; "
+                             f"bad rows {rows[:16]}..({len(rows)}) cols {cols[:16]}..({len(cols)})")
+
+
+def _check_swiglu(got, a, b, alpha, k, limit, label):
+    y = (a @ b.T) * alpha
+    s = (a.abs() @ b.abs().T) * alpha.abs()
+    n = y.shape[-1] // 2
+    gate, up = y[:, :n].clamp(max=limit), y[:, n:].clamp(-limit, limit)
+    ref = F.silu(gate) * up
+    delta = (k / 16 + 16) * 2.0 ** -23 * s
+    g = got.double()
+    tol = (0.5 * _ulp_bf16(torch.maximum(g.abs(), ref.abs())) + 1.1 * limit * delta[:, :n]
+           + max(limit, 0.3) * delta[:, n:] + 2.0 ** -20 * ref.abs())
+    bad = ~((g - ref).abs() <= tol)
+    _report("decode_swiglu", label=label, shape=list(got.shape),
+            frac_beyond_limit=float(((y[:, :n] > limit) | (y[:, n:].abs() > limit)).double().mean()))
+    assert not bool(bad.any()), f"{label}: {int(bad.sum())} outside the bound, first {bad.nonzero()[:4].tolist()}"
+
+
+def _alpha(a, b):
+    return (a.global_scale * b.global_scale).double()
+
+
+# ----------------------------------------------------------------------------- dense
+SHAPES = [(7168, 2048), (6144, 7168), (3072, 7168), (1536, 7168), (130, 1056), (200, 96), (40, 320), (8, 32),
+          (1000, 4128)]
+
+
+@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_decode_gemm_matches_reference_and_emulated(dg, emu, m, n, k):
+    gen = torch.Generator().manual_seed(m * 1000 + n + k)
+    a, b = _operand(m, k, gen), _operand(n, k, gen)
+    req = GemmRequest(a, b)
+    got = dg(req)
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16
+    plan = dg.plan(m, n, k, False)
+    label = f"decode m{m} n{n} k{k} tiles{plan.tiles} splits{plan.splits}"
+    _check_gemm(got, _deq(a), _deq(b), _alpha(a, b), k, label)
+    # vs the emulated backend: both within the bound of the exact result, so within twice of each other
+    ref_emu = emu.gemm(req).double()
+    ad, bd = _deq(a), _deq(b)
+    s = (ad.abs() @ bd.abs().T) * _alpha(a, b).abs()
+    g = got.double()
+    tol = _ulp_bf16(torch.maximum(g.abs(), ref_emu.abs())) + 2 * (k / 16 + 16) * 2.0 ** -23 * s
+    diff = (g - ref_emu).abs()
+    _report("decode_vs_emulated", label=label, max_abs_diff=float(diff.max()),
+            frac_identical=float((g == ref_emu).double().mean()))
+    assert bool((diff <= tol).all()), f"{label}: {int((diff > tol).sum())} outputs differ from the emulated backend"
+
+
+@pytest.mark.parametrize("m", [1, 5, 9, 16])
+@pytest.mark.parametrize("layouts", [("linear", "linear"), ("linear", "swizzled")])
+def test_decode_gemm_linear_scales(dg, m, layouts):
+    gen = torch.Generator().manual_seed(m + 77)
+    k, n = 544, 300
+    a, b = _operand(m, k, gen, layout=layouts[0]), _operand(n, k, gen, layout=layouts[1])
+    _check_gemm(dg(GemmRequest(a, b)), _deq(a), _deq(b), _alpha(a, b), k, f"linear m{m} {layouts}")
+
+
+@pytest.mark.parametrize("m", [1, 4, 16])
+@pytest.mark.parametrize("nh,k", [(3072, 7168), (40, 96), (96, 1056), (200, 2048)])
+def test_decode_gemm_swiglu(dg, m, nh, k):
+    gen = torch.Generator().manual_seed(m * 31 + nh + k)
+    a, b = _operand(m, k, gen), _operand(2 * nh, k, gen)
+    a = FP4Operand(a.packed, a.scales, a.global_scale * 4, k=k, scale_layout=a.scale_layout)
+    limit = 7.0
+    got = dg(GemmRequest(a, b, swiglu_limit=limit))
+    assert got.shape == (m, nh)
+    _check_swiglu(got, _deq(a), _deq(b), _alpha(a, b), k, limit, f"swiglu m{m} nh{nh} k{k}")
+
+
+@pytest.mark.parametrize("plan_kw", [dict(bk=128, stages=6), dict(consumer_warps=8, stages=8, ctas_per_sm=1),
+                                     dict(stages=2), dict(max_splits=1)])
+def test_decode_gemm_other_configs(plan_kw):
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
+    from dsv4.kernels.cutedsl.sm90.decode_launch import DecodeGemm
+
+    dgx = DecodeGemm("cuda", **plan_kw)
+    gen = torch.Generator().manual_seed(len(str(plan_kw)))
+    for m, n, k in [(1, 4096, 7168), (16, 130, 1056), (7, 1000, 2080)]:
+        a, b = _operand(m, k, gen), _operand(n, k, gen)
+        _check_gemm(dgx(GemmRequest(a, b)), _deq(a), _deq(b), _alpha(a, b), k, f"{plan_kw} m{m} n{n} k{k}")
+
+
+def test_decode_gemm_deterministic_counters_reset_and_matches_backend(dg):
+    from dsv4.kernels.cutedsl.sm90 import Sm90Backend
+
+    gen = torch.Generator().manual_seed(3)
+    a, b = _operand(4, 7168, gen), _operand(3072, 7168, gen)
+    outs = [dg(GemmRequest(a, b)) for _ in range(4)]
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+    assert dg._counters is not None and int(dg._counters.abs().sum()) == 0
+    ref = Sm90Backend("cuda").gemm(GemmRequest(a, b))
+    diff = (outs[0].float() - ref.float()).abs()
+    _report("decode_vs_sm90_backend", max_abs_diff=float(diff.max()),
+            frac_identical=float((outs[0] == ref).float().mean()))
+    # both are within the FP32-reordering bound of the exact result
+    _check_gemm(ref, _deq(a), _deq(b), _alpha(a, b), 7168, "sm90 backend")
+    _check_gemm(outs[0], _deq(a), _deq(b), _alpha(a, b), 7168, "decode")
+
+
+def test_decode_gemm_cuda_graph_replay(dg):
+    gen = torch.Generator().manual_seed(8)
+    a, b = _operand(2, 2048, gen), _operand(7168, 2048, gen)
+    req = GemmRequest(a, b)
+    eager = dg(req)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        dg(req)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = dg(req)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+def test_decode_gemm_rejects_what_it_does_not_support(dg):
+    from dsv4.kernels.cutedsl.sm90.decode_launch import DecodeGemm
+
+    gen = torch.Generator().manual_seed(1)
+    b = _operand(64, 48, gen)
+    req = GemmRequest(_operand(2, 48, gen), b)  # K % 32 != 0
+    assert not DecodeGemm.supports(req)
+    with pytest.raises(KernelContractError):
+        dg(req)
+    big = GemmRequest(_operand(17, 64, gen), _operand(64, 64, gen))
+    assert not DecodeGemm.supports(big)
+    with pytest.raises(KernelContractError):
+        dg(big)
