@@ -61,6 +61,7 @@ def test_decode_gemm_ptx_census(builds, name):
     assert "wgmma" not in ptx
     # decode: one mul.rn.f16x2 per f16x2 word; (8 weight rows + nt tokens) x 4 words x 4 per quad
     assert ptx.count("mul.rn.f16x2") == (8 + cfg.nt) * 4 * 4 * cfg.qpt
+    assert ptx.count("prmt.b32 t, m0, 0, 0x1404") == (8 + cfg.nt) * 4 * cfg.qpt  # decode8_pairs
     assert not re.search(r"mul(\.[a-z0-9]+)*\.ftz[a-z0-9.]*\.f16x2", ptx)
     assert re.search(r"cvt\.rn\.f16x2\.e4m3x2", ptx)
     assert not re.search(r"cvt\.[a-z0-9.]*e2m1x2", ptx) and "tcgen05" not in ptx
@@ -100,3 +101,104 @@ def test_decode_plan_covers_the_sms_without_empty_splits():
         assert p.tiles * p.cfg.col_tile >= (n // 2 if sw else n)
         # at least ~half the resident CTA slots, unless limited by k-tiles or the split cap
         assert p.ctas >= min(132, p.tiles * k_tiles) or p.splits == 16, p
+
+
+# ----------------------------------------------------------------------------- the decode's PTX, interpreted
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _prmt(a: int, b: int, c: int) -> int:
+    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+    out = 0
+    for i in range(4):
+        sel = (c >> (4 * i)) & 0xF
+        byte = src[sel & 7]
+        if sel & 8:  # replicate the sign bit of the selected byte
+            byte = 0xFF if byte & 0x80 else 0x00
+        out |= byte << (8 * i)
+    return out
+
+
+def _f16_mul(a: int, b: int) -> int:
+    import struct
+
+    import numpy as np
+
+    def halves(w):
+        return np.frombuffer(struct.pack("<I", w), dtype=np.float16)
+
+    r = (halves(a).astype(np.float32) * halves(b).astype(np.float32)).astype(np.float16)
+    return struct.unpack("<I", r.tobytes())[0]
+
+
+def _run_ptx(text: str, inputs: list[int], n_out: int) -> list[int]:
+    """Interpret the integer subset of PTX the decode uses (and, shr, shl, prmt, lop3, mul.rn.f16x2)."""
+    regs: dict[str, int] = {}
+
+    def val(tok: str) -> int:
+        tok = tok.strip()
+        if tok.startswith("{$r"):
+            return inputs[int(tok[3:-1])]
+        if tok.startswith("0x") or tok.isdigit():
+            return int(tok, 0)
+        return regs[tok]
+
+    outs = [0] * n_out
+    for line in text.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        args = [t.strip() for t in rest.split(",")]
+        dst, srcs = args[0], [val(t) for t in args[1:]]
+        if op == "and.b32":
+            r = srcs[0] & srcs[1]
+        elif op == "shr.u32":
+            r = srcs[0] >> srcs[1]
+        elif op == "shl.b32":
+            r = (srcs[0] << srcs[1]) & 0xFFFFFFFF
+        elif op == "prmt.b32":
+            r = _prmt(*srcs)
+        elif op == "lop3.b32":
+            a, b, c, lut = srcs
+            r = 0
+            for bit in range(32):
+                idx = (((a >> bit) & 1) << 2) | (((b >> bit) & 1) << 1) | ((c >> bit) & 1)
+                r |= ((lut >> idx) & 1) << bit
+        elif op == "mul.rn.f16x2":
+            r = _f16_mul(srcs[0], srcs[1])
+        else:
+            raise AssertionError(f"unexpected PTX op {op}")
+        if dst.startswith("{$w"):
+            outs[int(dst[3:-1])] = r
+        else:
+            regs[dst] = r
+    return outs
+
+
+@needs_cutlass
+def test_decode8_pairs_ptx_is_bit_exact_and_equals_the_wgmma_kernels_values():
+    """Every nibble pattern decodes to its E2M1 value times the scale (sign of -0 kept) in the order
+    (n0,n1 | n2,n3 | n4,n5 | n6,n7), and the multiset of FP16 words equals ptx.decode_e2m1x8's."""
+    import random
+    import struct
+
+    import numpy as np
+
+    from dsv4.kernels.cutedsl.sm90 import decode_ptx, ptx
+
+    one, quarter, tiny = 0x3C003C00, 0x34003400, 0x18001800  # scales 1, 0.25, 2^-9 (e4m3 min subnormal)
+    rng = random.Random(0)
+    words = list(range(0, 1 << 16, 7)) + [(w << 16) | w for w in range(0, 1 << 16, 251)]
+    words += [rng.getrandbits(32) for _ in range(3000)]
+    for scale_word, scale in ((one, 1.0), (quarter, 0.25), (tiny, 2.0 ** -9)):
+        for x in words:
+            out = _run_ptx(decode_ptx.DECODE8_PAIRS, [x, scale_word], 4)
+            vals = np.frombuffer(struct.pack("<4I", *out), dtype=np.float16)
+            for i, v in enumerate(vals):
+                nib = (x >> (4 * i)) & 0xF
+                want = E2M1[nib & 7] * scale * (-1 if nib & 8 else 1)
+                assert float(v) == want and bool(np.signbit(v)) == bool(nib & 8), (hex(x), i)
+            old = _run_ptx(ptx._DECODE8, [x, scale_word], 4)
+            halves = sorted(struct.unpack("<8H", struct.pack("<4I", *out)))
+            assert halves == sorted(struct.unpack("<8H", struct.pack("<4I", *old)))

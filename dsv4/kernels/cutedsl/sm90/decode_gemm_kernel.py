@@ -15,8 +15,9 @@ CTA = one producer warp + ``consumer_warps`` (4 or 8) consumer warps; it owns 12
 * consumer warps: warp (phase p, half h) handles k-tiles i = p (mod P), P = warps/2, rows
   ``64h .. 64h+63``. It decodes FP4 straight from shared memory into ``mma.sync.m16n8k16``
   register fragments (weights = A, 4 m16 fragments; tokens = B, 1 or 2 n8 fragments), with the
-  same E2M1 x E4M3 -> FP16 decode as the WGMMA kernel (``ptx.decode_e2m1x8``: every product exact
-  in FP16), FP32 accumulation, then arrives on the stage's *empty* mbarrier.
+  same E2M1 x E4M3 -> FP16 values as the WGMMA kernel (prmt table lookup, exact ``mul.rn.f16x2`` by
+  the block scale: every product exact in FP16; ``decode_ptx.decode_e2m1x8_pairs``, 17 instead of
+  19 instructions per 8 codes), FP32 accumulation, then arrives on the stage's *empty* mbarrier.
 
 No FP16 tile in shared memory, no CTA barrier in the main loop. K order inside an MMA is a
 permutation of the true K order, identical for both operands (each lane decodes the same K words
@@ -190,8 +191,8 @@ class Sm90DecodeGemm:
             dp.fence_mbar_init()
         cute.arch.sync_threads()
 
-        acc = cute.make_rmem_tensor((4 * cfg.nt * 4,), Float32)
-        acc.fill(0.0)
+        acc = cute.make_rmem_tensor((4 * cfg.nt * 4,), Uint32)  # FP32 bit patterns
+        acc.fill(0)
         if warp == cfg.consumer_warps:
             self._produce(a_words, a_scales, b_words, b_scales, m, n, k, kt0, n_kt, bx, lane, bar0, ring)
         else:
@@ -212,7 +213,8 @@ class Sm90DecodeGemm:
                     for c in cutlass.range_constexpr(4):
                         row = rh * 64 + f * 16 + g + 8 * (c // 2)
                         col = j * 8 + 2 * t + c % 2
-                        slab[(ph * ROWS + row) * ld + col] = acc[(f * cfg.nt + j) * 4 + c]
+                        dp.st_shared_b32(ring + ((ph * ROWS + row) * ld + col) * 4,
+                                         acc[(f * cfg.nt + j) * 4 + c])
         cute.arch.sync_threads()
         T = cfg.threads
         tile_elems = ROWS * cfg.ntok
@@ -361,10 +363,10 @@ class Sm90DecodeGemm:
         for w in cutlass.range_constexpr(4):  # words of the quad; scale block w // 2
             hb = []
             for j in cutlass.range_constexpr(cfg.nt):
-                hb.append(ptx.decode_e2m1x8(bw[j][w], bs[j][w // 2]))
+                hb.append(dp.decode_e2m1x8_pairs(bw[j][w], bs[j][w // 2]))
             for f in cutlass.range_constexpr(4):
-                h0 = ptx.decode_e2m1x8(aw[2 * f][w], as_[2 * f][w // 2])
-                h1 = ptx.decode_e2m1x8(aw[2 * f + 1][w], as_[2 * f + 1][w // 2])
+                h0 = dp.decode_e2m1x8_pairs(aw[2 * f][w], as_[2 * f][w // 2])
+                h1 = dp.decode_e2m1x8_pairs(aw[2 * f + 1][w], as_[2 * f + 1][w // 2])
                 for j in cutlass.range_constexpr(cfg.nt):
                     for st in cutlass.range_constexpr(2):
                         a_ = (f * cfg.nt + j) * 4

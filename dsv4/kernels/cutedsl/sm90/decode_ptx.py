@@ -11,6 +11,8 @@ from __future__ import annotations
 from cutlass import Float32, Int32, Int64, Uint32
 from cutlass.cute.arch import inline_ptx
 
+from .ptx import E2M1_F16_HI_HI, E2M1_F16_HI_LO
+
 
 def mbar_init(bar: Int32, count: Int32) -> None:
     inline_ptx("mbarrier.init.shared::cta.b64 [{$r0}], {$r1};", read_only_args=[bar, count])
@@ -62,8 +64,42 @@ def bulk_g2s(dst: Int32, src: Int64, nbytes: Int32, bar: Int32) -> None:
                "[{$r0}], [{$r1}], {$r2}, [{$r3}];", read_only_args=[dst, src, nbytes, bar])
 
 
-def st_shared_f32(addr: Int32, v: Float32) -> None:
-    inline_ptx("st.shared.f32 [{$r0}], {$r1};", read_only_args=[addr, v])
+def st_shared_b32(addr: Int32, v: Uint32) -> None:
+    inline_ptx("st.shared.b32 [{$r0}], {$r1};", read_only_args=[addr, v])
+
+
+# E2M1 x8 -> FP16 in 17 instructions (ptx.decode_e2m1x8 takes 19; same values, other order):
+# magnitude bytes by two prmt lookups (as ptx.py), the sign bits merged at byte level (sign of
+# nibble 2d sits at bit 8d+3 of w, of nibble 2d+1 at bit 8d+7: one shift and two prmt gather them
+# to bit 7 of byte i of nibble i), then each f16x2 word is a prmt of two signed high bytes next to
+# zero low bytes (immediate 0 operand) and the exact ``mul.rn.f16x2`` by the block scale.
+DECODE8_PAIRS = """{
+.reg .b32 y, yh, m0, m1, a, s0, s1, t;
+and.b32 y, {$r0}, 0x77777777;
+shr.u32 yh, y, 16;
+prmt.b32 m0, %LO%, %HI%, y;
+prmt.b32 m1, %LO%, %HI%, yh;
+shl.b32 a, {$r0}, 4;
+prmt.b32 s0, a, {$r0}, 0x5140;
+prmt.b32 s1, a, {$r0}, 0x7362;
+lop3.b32 m0, s0, m0, 0x80808080, 0xEC;
+lop3.b32 m1, s1, m1, 0x80808080, 0xEC;
+prmt.b32 t, m0, 0, 0x1404;
+mul.rn.f16x2 {$w0}, t, {$r1};
+prmt.b32 t, m0, 0, 0x3424;
+mul.rn.f16x2 {$w1}, t, {$r1};
+prmt.b32 t, m1, 0, 0x1404;
+mul.rn.f16x2 {$w2}, t, {$r1};
+prmt.b32 t, m1, 0, 0x3424;
+mul.rn.f16x2 {$w3}, t, {$r1};
+}""".replace("%LO%", hex(E2M1_F16_HI_LO)).replace("%HI%", hex(E2M1_F16_HI_HI))
+# lop3 immLut 0xEC = (a & c) | b  (a=0xF0, b=0xCC, c=0xAA).
+
+
+def decode_e2m1x8_pairs(word: Uint32, scale_x2: Uint32):
+    """8 packed E2M1 codes -> 4 f16x2 words in the order (n0,n1 | n2,n3 | n4,n5 | n6,n7), each
+    times the f16x2 ``scale_x2``; the values of ``ptx.decode_e2m1x8`` (exact), fewer instructions."""
+    return inline_ptx(DECODE8_PAIRS, write_only_types=[Uint32] * 4, read_only_args=[word, scale_x2])
 
 
 def e4m3x2_to_f16x2_bcast(scales: Uint32):
@@ -79,9 +115,11 @@ prmt.b32 {$w1}, a, a, 0x3232;
 
 
 def mma_16816(a0: Uint32, a1: Uint32, a2: Uint32, a3: Uint32, b0: Uint32, b1: Uint32,
-              c0: Float32, c1: Float32, c2: Float32, c3: Float32):
-    """D = A(16x16, f16, row) * B(16x8, f16, col) + C, FP32 accumulation; returns d0..d3."""
+              c0: Uint32, c1: Uint32, c2: Uint32, c3: Uint32):
+    """D = A(16x16, f16, row) * B(16x8, f16, col) + C, FP32 accumulation; returns d0..d3. The FP32
+    accumulators travel as their bit patterns (``.b32`` registers are valid ``.f32`` operands), which
+    keeps the DSL from inserting a register move per FP32 input."""
     return inline_ptx(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {{$w0}, {$w1}, {$w2}, {$w3}}, "
         "{{$r0}, {$r1}, {$r2}, {$r3}}, {{$r4}, {$r5}}, {{$r6}, {$r7}, {$r8}, {$r9}};",
-        write_only_types=[Float32] * 4, read_only_args=[a0, a1, a2, a3, b0, b1, c0, c1, c2, c3])
+        write_only_types=[Uint32] * 4, read_only_args=[a0, a1, a2, a3, b0, b1, c0, c1, c2, c3])
