@@ -10,7 +10,7 @@ CTA = one producer warp + ``consumer_warps`` (4 or 8) consumer warps; it owns 12
   *full* mbarrier with the byte count, and the lanes issue one 1-D bulk async copy
   (``cp.async.bulk``, TMA engine, L2 evict-first) per weight row and per token row
   (``bk/2`` packed bytes each), plus 4-byte ``cp.async`` copies of the swizzled E4M3 scales
-  (one per row and 64 K; zero-filled past K) whose completion is tracked by the same mbarrier
+  (one per row and 64 K; zero-filled past K, so codes past K meet a zero scale) whose completion is tracked by the same mbarrier
   (``cp.async.mbarrier.arrive.noinc``). ``stages`` stages are in flight.
 * consumer warps: warp (phase p, half h) handles k-tiles i = p (mod P), P = warps/2, rows
   ``64h .. 64h+63``. It decodes FP4 straight from shared memory into ``mma.sync.m16n8k16``
@@ -29,7 +29,7 @@ deterministic. Then alpha (FP32), optional SwiGLU ``silu(min(g,L)) * clamp(u,-L,
 
 Requires K % 32 == 0 (16-byte aligned rows and bulk copies), 16-byte aligned packed pointers and
 swizzled (32_4_4) scales; rows past N and tokens past M are never copied (their stale smem only
-reaches output rows / columns that are not stored); k-units past K get a zero scale.
+reaches output rows / columns that are not stored); blocks past K get a zero scale.
 """
 from __future__ import annotations
 
@@ -266,11 +266,13 @@ class Sm90DecodeGemm:
         sc_pad = (scale_cols + 3) // 4 * 4
         for u in cutlass.range_constexpr(cfg.groups):
             cg = kt * cfg.groups + u
-            sb = cutlass.max(cutlass.min(scale_cols - cg * 4, 4), 0)
-            if sb > 0:
-                soff = (((grow // 128) * (sc_pad // 4) + cg) * 512 + (grow % 32) * 16
-                        + ((grow // 32) % 4) * 4)
-                ptx.cp_async_4(ws_dst + u * 4, sc_base + Int64(soff), sb)
+            sb = cutlass.max(cutlass.min(scale_cols - cg * 4, 4), 0)  # 0..4 bytes, rest zero-filled
+            soff = (((grow // 128) * (sc_pad // 4) + cg) * 512 + (grow % 32) * 16
+                    + ((grow // 32) % 4) * 4)
+            src = sc_base + Int64(soff)
+            if sb == 0:
+                src = sc_base  # a unit past K: nothing read, the scale word becomes 0
+            ptx.cp_async_4(ws_dst + u * 4, src, sb)
 
     @cute.jit
     def _produce(self, a_words, a_scales, b_words, b_scales, m, n, k, kt0, n_kt, bx, lane, bar0, ring):
@@ -327,49 +329,63 @@ class Sm90DecodeGemm:
             s = i % S
             dp.mbar_wait(bar0 + 8 * s, (i // S) % 2)
             base = ring + s * cfg.stage_bytes
-            k_el = (kt0 + i) * cfg.bk
-            for qq in cutlass.range_constexpr(cfg.qpt):
-                q = t * cfg.qpt + qq  # 16-byte quad of the row chunk (32 K elements)
-                unit = q // 2  # its 64-K scale word
-                umask = Uint32(0)
-                if k_el + unit * 64 < k:
-                    umask = Uint32(0xFFFFFFFF)  # units past K: stale scales -> zero
-                shift = Uint32((q % 2) * 16)
-                self._quad(acc, base, q, unit, umask, shift, rh, g)
+            if cutlass.const_expr(cfg.qpt == 2):
+                # lane t owns the 64-K unit t: one scale word (4 blocks) per row for both quads
+                bs = self._scales(base, t, rh, g, Uint32(0), True)
+                for qq in cutlass.range_constexpr(2):
+                    self._quad(acc, base, 2 * t + qq, bs, 2 * qq, rh, g)
+            else:
+                # lane t owns quad t = half t % 2 of unit t // 2
+                bs = self._scales(base, t // 2, rh, g, Uint32((t % 2) * 16), False)
+                self._quad(acc, base, t, bs, 0, rh, g)
             dp.mbar_arrive(bar0 + 8 * (S + s))
 
     @cute.jit
-    def _quad(self, acc, base, q, unit, umask, shift, rh, g):
-        """One 32-K quad of every row of this warp and of every token: 8 k16-steps x 4 fragments."""
+    def _scales(self, base, unit, rh, g, shift, four: cutlass.Constexpr):
+        """Block scales of this lane's rows (nt tokens, then 8 weight rows) for 64-K unit ``unit``
+        as f16x2 broadcast words: all four blocks (``four``) or the two at byte ``shift // 8``."""
         cfg = self.cfg
         G = cfg.groups
-        # tokens (B operand): rows g and g + 8
-        bw = []
-        bs = []
+        addrs = []
         for j in cutlass.range_constexpr(cfg.nt):
-            tok = g + 8 * j
-            bw.append(ptx.ld_shared_v4(base + cfg.a_off + tok * cfg.pitch + q * 16))
-            sc = (ptx.ld_shared_u32(base + cfg.as_off + (tok * G + unit) * 4) & umask) >> shift
-            bs.append(dp.e4m3x2_to_f16x2_bcast(sc))
-        # weights (A operand): rows rh*64 + 16f + g (+8)
-        aw = []
-        as_ = []
+            addrs.append(base + cfg.as_off + ((g + 8 * j) * G + unit) * 4)
         for f in cutlass.range_constexpr(4):
             for hh in cutlass.range_constexpr(2):
-                row = rh * 64 + f * 16 + g + 8 * hh
-                aw.append(ptx.ld_shared_v4(base + row * cfg.pitch + q * 16))
-                sc = (ptx.ld_shared_u32(base + cfg.ws_off + (row * G + unit) * 4) & umask) >> shift
-                as_.append(dp.e4m3x2_to_f16x2_bcast(sc))
+                addrs.append(base + cfg.ws_off + ((rh * 64 + f * 16 + g + 8 * hh) * G + unit) * 4)
+        out = []
+        for a in addrs:
+            if cutlass.const_expr(four):
+                out.append(ptx.e4m3x4_to_f16x2_bcast(ptx.ld_shared_u32(a)))
+            else:
+                out.append(dp.e4m3x2_to_f16x2_bcast(ptx.ld_shared_u32(a) >> shift))
+        return out
+
+    @cute.jit
+    def _quad(self, acc, base, q, scl, s0: cutlass.Constexpr, rh, g):
+        """One 32-K quad ``q`` of every row of this warp and of every token: 8 k16-steps x 4
+        fragments. ``scl[row]``: f16x2 scales of the row (tokens first); the quad's two blocks are
+        ``scl[row][s0]`` and ``scl[row][s0 + 1]``."""
+        cfg = self.cfg
+        nt = cfg.nt
+        # tokens (B operand): rows g and g + 8
+        bw = []
+        for j in cutlass.range_constexpr(nt):
+            bw.append(ptx.ld_shared_v4(base + cfg.a_off + (g + 8 * j) * cfg.pitch + q * 16))
+        # weights (A operand): rows rh*64 + 16f + g (+8)
+        aw = []
+        for f in cutlass.range_constexpr(4):
+            for hh in cutlass.range_constexpr(2):
+                aw.append(ptx.ld_shared_v4(base + (rh * 64 + f * 16 + g + 8 * hh) * cfg.pitch + q * 16))
         for w in cutlass.range_constexpr(4):  # words of the quad; scale block w // 2
             hb = []
-            for j in cutlass.range_constexpr(cfg.nt):
-                hb.append(dp.decode_e2m1x8_pairs(bw[j][w], bs[j][w // 2]))
+            for j in cutlass.range_constexpr(nt):
+                hb.append(dp.decode_e2m1x8_pairs(bw[j][w], scl[j][s0 + w // 2]))
             for f in cutlass.range_constexpr(4):
-                h0 = dp.decode_e2m1x8_pairs(aw[2 * f][w], as_[2 * f][w // 2])
-                h1 = dp.decode_e2m1x8_pairs(aw[2 * f + 1][w], as_[2 * f + 1][w // 2])
-                for j in cutlass.range_constexpr(cfg.nt):
+                h0 = dp.decode_e2m1x8_pairs(aw[2 * f][w], scl[nt + 2 * f][s0 + w // 2])
+                h1 = dp.decode_e2m1x8_pairs(aw[2 * f + 1][w], scl[nt + 2 * f + 1][s0 + w // 2])
+                for j in cutlass.range_constexpr(nt):
                     for st in cutlass.range_constexpr(2):
-                        a_ = (f * cfg.nt + j) * 4
+                        a_ = (f * nt + j) * 4
                         d0, d1, d2, d3 = dp.mma_16816(
                             h0[2 * st], h1[2 * st], h0[2 * st + 1], h1[2 * st + 1],
                             hb[j][2 * st], hb[j][2 * st + 1],
