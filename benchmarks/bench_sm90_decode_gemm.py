@@ -36,7 +36,8 @@ PRO = [("pro expert w1 7168->3072", 3072, 7168, False), ("pro expert w2 3072->71
 FLASH = [("flash expert w13+SwiGLU 4096->2x2048", 4096, 4096, True), ("flash expert w2 2048->4096", 4096, 2048, False),
          ("flash wq_a 4096->1024", 1024, 4096, False), ("flash lm_head 4096->129280", 129280, 4096, False)]
 VARIANTS = [dict(), dict(stages=6), dict(bk=128, stages=8), dict(consumer_warps=8, stages=8, ctas_per_sm=1),
-            dict(ctas_per_sm=3, stages=3), dict(ctas_per_sm=4)]
+            dict(ctas_per_sm=3, stages=3), dict(ctas_per_sm=4), dict(rows=64), dict(rows=64, ctas_per_sm=3, stages=5),
+            dict(max_splits=32)]
 ERRORS: list[str] = []
 
 

@@ -24,6 +24,7 @@ VARIANTS = {
     "n8_bk256_swiglu": dict(ntok=8, swiglu=True),
     "n16_bk128_s6_swiglu": dict(ntok=16, bk=128, stages=6, swiglu=True),
     "n16_w8_s8": dict(ntok=16, consumer_warps=8, stages=8),
+    "n8_rows64_swiglu": dict(ntok=8, rows=64, swiglu=True),
 }
 
 
@@ -47,6 +48,7 @@ def test_decode_gemm_ptx_census(builds, name):
     assert ".target sm_90a" in ptx
     # ring protocol: 2 mbarriers per stage, waits, expect_tx, consumer releases
     assert len(re.findall(r"mbarrier\.init\.shared::cta\.b64", ptx)) == 2 * cfg.stages
+    assert len(re.findall(rf"mbarrier\.init\.shared::cta\.b64 \[%r\d+\], {32 * cfg.row_groups};", ptx)) == cfg.stages
     assert re.search(r"mbarrier\.try_wait\.parity", ptx)
     assert re.search(r"mbarrier\.arrive\.expect_tx", ptx)
     assert re.search(r"mbarrier\.arrive\.shared::cta\.b64", ptx)

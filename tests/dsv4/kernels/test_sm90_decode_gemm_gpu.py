@@ -166,7 +166,8 @@ def test_decode_gemm_swiglu(dg, m, nh, k):
 
 
 @pytest.mark.parametrize("plan_kw", [dict(bk=128, stages=6), dict(consumer_warps=8, stages=8, ctas_per_sm=1),
-                                     dict(stages=2), dict(max_splits=1)])
+                                     dict(stages=2), dict(max_splits=1), dict(rows=64), dict(rows=64, bk=128),
+                                     dict(max_splits=32, ctas_per_sm=3, stages=3)])
 def test_decode_gemm_other_configs(plan_kw):
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
     from dsv4.kernels.cutedsl.sm90.decode_launch import DecodeGemm
@@ -176,6 +177,11 @@ def test_decode_gemm_other_configs(plan_kw):
     for m, n, k in [(1, 4096, 7168), (16, 130, 1056), (7, 1000, 2080)]:
         a, b = _operand(m, k, gen), _operand(n, k, gen)
         _check_gemm(dgx(GemmRequest(a, b)), _deq(a), _deq(b), _alpha(a, b), k, f"{plan_kw} m{m} n{n} k{k}")
+    for m, nh, k in [(3, 40, 96), (16, 200, 2048)]:
+        a, b = _operand(m, k, gen), _operand(2 * nh, k, gen)
+        a = FP4Operand(a.packed, a.scales, a.global_scale * 4, k=k, scale_layout=a.scale_layout)
+        _check_swiglu(dgx(GemmRequest(a, b, swiglu_limit=7.0)), _deq(a), _deq(b), _alpha(a, b), k, 7.0,
+                      f"{plan_kw} swiglu m{m} nh{nh} k{k}")
 
 
 def test_decode_gemm_deterministic_counters_reset_and_matches_backend(dg):

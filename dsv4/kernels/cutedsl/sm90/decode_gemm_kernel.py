@@ -2,19 +2,19 @@
 
 ``y[M, N] = alpha * a[M, K] @ b[N, K]^T`` with a = the few tokens, b = the weights (dense only).
 
-CTA = one producer warp + ``consumer_warps`` (4 or 8) consumer warps; it owns 128 weight rows
-(``swiglu``: 64 gate rows + the matching 64 up rows) x all M tokens x a K range (split-K over
-``gridDim.y``). Per k-tile (``bk`` = 128 or 256 elements of K):
+CTA = one producer warp + ``consumer_warps`` (4 or 8) consumer warps; it owns ``rows`` (128 or 64)
+weight rows (``swiglu``: rows/2 gate rows + the matching rows/2 up rows) x all M tokens x a K
+range (split-K over ``gridDim.y``). Per k-tile (``bk`` = 128 or 256 elements of K):
 
 * producer warp: waits for the ring stage to be empty (mbarrier), then lane 0 arms the stage's
   *full* mbarrier with the byte count, and the lanes issue one 1-D bulk async copy
   (``cp.async.bulk``, TMA engine, L2 evict-first) per weight row and per token row
   (``bk/2`` packed bytes each), plus 4-byte ``cp.async`` copies of the swizzled E4M3 scales
-  (one per row and 64 K; zero-filled past K, so codes past K meet a zero scale) whose completion is tracked by the same mbarrier
-  (``cp.async.mbarrier.arrive.noinc``). ``stages`` stages are in flight.
-* consumer warps: warp (phase p, half h) handles k-tiles i = p (mod P), P = warps/2, rows
-  ``64h .. 64h+63``. It decodes FP4 straight from shared memory into ``mma.sync.m16n8k16``
-  register fragments (weights = A, 4 m16 fragments; tokens = B, 1 or 2 n8 fragments), with the
+  (one per row and 64 K; zero-filled past K, so codes past K meet a zero scale) whose completion
+  is tracked by the same mbarrier (``cp.async.mbarrier.arrive.noinc``). ``stages`` stages in flight.
+* consumer warps: warp (phase p, row group h) handles k-tiles i = p (mod P), rows ``64h .. 64h+63``
+  (P = consumer_warps / (rows / 64)). It decodes FP4 straight from shared memory into
+  ``mma.sync.m16n8k16`` register fragments (weights = A, 4 m16 fragments; tokens = B, 1 or 2 n8 fragments), with the
   same E2M1 x E4M3 -> FP16 values as the WGMMA kernel (prmt table lookup, exact ``mul.rn.f16x2`` by
   the block scale: every product exact in FP16; ``decode_ptx.decode_e2m1x8_pairs``, 17 instead of
   19 instructions per 8 codes), FP32 accumulation, then arrives on the stage's *empty* mbarrier.
@@ -42,7 +42,6 @@ from cutlass import BFloat16, Boolean, Float32, Int32, Int64, Uint32
 from . import decode_ptx as dp
 from . import ptx
 
-ROWS = 128  # weight rows per CTA
 FULL_ARRIVALS = 1 + 32  # lane 0's arrive.expect_tx + 32 cp.async arrivals
 
 
@@ -55,6 +54,11 @@ class DecodeConfig:
     stages: int = 4
     consumer_warps: int = 4  # 4 or 8
     swiglu: bool = False
+    rows: int = 128  # weight rows per CTA: 128 or 64 (64 consumer-warp rows per row group)
+
+    @property
+    def row_groups(self) -> int:
+        return self.rows // 64
 
     @property
     def nt(self) -> int:
@@ -62,7 +66,7 @@ class DecodeConfig:
 
     @property
     def phases(self) -> int:
-        return self.consumer_warps // 2
+        return self.consumer_warps // self.row_groups
 
     @property
     def threads(self) -> int:
@@ -85,7 +89,7 @@ class DecodeConfig:
 
     @property
     def a_off(self) -> int:
-        return ROWS * self.pitch
+        return self.rows * self.pitch
 
     @property
     def ws_off(self) -> int:
@@ -93,7 +97,7 @@ class DecodeConfig:
 
     @property
     def as_off(self) -> int:
-        return self.ws_off + ROWS * self.groups * 4
+        return self.ws_off + self.rows * self.groups * 4
 
     @property
     def stage_bytes(self) -> int:
@@ -106,7 +110,7 @@ class DecodeConfig:
 
     @property
     def col_tile(self) -> int:
-        return ROWS // 2 if self.swiglu else ROWS
+        return self.rows // 2 if self.swiglu else self.rows
 
     def smem_bytes(self) -> int:
         return self.stages * self.stage_bytes + 128 + 2 * self.stages * 8 + 64
@@ -115,8 +119,9 @@ class DecodeConfig:
         assert self.ntok in (8, 16), self.ntok
         assert self.bk in (128, 256), self.bk
         assert self.consumer_warps in (4, 8), self.consumer_warps
+        assert self.rows in (64, 128), self.rows
         assert self.stages >= 2
-        assert self.phases * ROWS * self.ld * 4 <= self.stages * self.stage_bytes, "epilogue tile"
+        assert self.phases * self.rows * self.ld * 4 <= self.stages * self.stage_bytes, "epilogue tile"
         assert self.smem_bytes() <= 227 * 1024, self.smem_bytes()
 
 
@@ -187,7 +192,7 @@ class Sm90DecodeGemm:
         if tid == 0:
             for s in cutlass.range_constexpr(S):
                 dp.mbar_init(bar0 + 8 * s, Int32(FULL_ARRIVALS))
-                dp.mbar_init(bar0 + 8 * (S + s), Int32(64))
+                dp.mbar_init(bar0 + 8 * (S + s), Int32(32 * cfg.row_groups))
             dp.fence_mbar_init()
         cute.arch.sync_threads()
 
@@ -202,10 +207,10 @@ class Sm90DecodeGemm:
         # ---------------- phase partials -> FP32 tile [row][token] (phase order)
         ld = cfg.ld
         tile_f32 = cute.recast_ptr(ring_ptr, dtype=Float32)
-        slab = cute.make_tensor(tile_f32, cute.make_layout(cfg.phases * ROWS * ld))
+        slab = cute.make_tensor(tile_f32, cute.make_layout(cfg.phases * cfg.rows * ld))
         if warp < cfg.consumer_warps:
-            ph = warp // 2
-            rh = warp % 2
+            ph = warp // cfg.row_groups
+            rh = warp % cfg.row_groups
             g = lane // 4
             t = lane % 4
             for f in cutlass.range_constexpr(4):
@@ -213,11 +218,11 @@ class Sm90DecodeGemm:
                     for c in cutlass.range_constexpr(4):
                         row = rh * 64 + f * 16 + g + 8 * (c // 2)
                         col = j * 8 + 2 * t + c % 2
-                        dp.st_shared_b32(ring + ((ph * ROWS + row) * ld + col) * 4,
+                        dp.st_shared_b32(ring + ((ph * cfg.rows + row) * ld + col) * 4,
                                          acc[(f * cfg.nt + j) * 4 + c])
         cute.arch.sync_threads()
         T = cfg.threads
-        tile_elems = ROWS * cfg.ntok
+        tile_elems = cfg.rows * cfg.ntok
         if cutlass.const_expr(cfg.phases > 1):
             for i in cutlass.range_constexpr((tile_elems + T - 1) // T):
                 e = tid + i * T
@@ -225,7 +230,7 @@ class Sm90DecodeGemm:
                     o = (e // cfg.ntok) * ld + e % cfg.ntok
                     v = slab[o]
                     for p in cutlass.range_constexpr(1, cfg.phases):
-                        v = v + slab[p * ROWS * ld + o]
+                        v = v + slab[p * cfg.rows * ld + o]
                     slab[o] = v
             cute.arch.sync_threads()
 
@@ -244,13 +249,13 @@ class Sm90DecodeGemm:
         valid = Boolean(False)
         if cutlass.const_expr(cfg.swiglu):
             nh = n // 2
-            j = bx * (ROWS // 2) + r % (ROWS // 2)
+            j = bx * (cfg.rows // 2) + r % (cfg.rows // 2)
             valid = j < nh
             grow = j
-            if r >= ROWS // 2:
+            if r >= cfg.rows // 2:
                 grow = j + nh
         else:
-            grow = bx * ROWS + r
+            grow = bx * cfg.rows + r
             valid = grow < n
         return grow, valid
 
@@ -286,9 +291,9 @@ class Sm90DecodeGemm:
         policy = dp.l2_evict_first()
         vrows = Int32(0)
         if cutlass.const_expr(cfg.swiglu):
-            vrows = 2 * cutlass.max(cutlass.min(n // 2 - bx * (ROWS // 2), ROWS // 2), 0)
+            vrows = 2 * cutlass.max(cutlass.min(n // 2 - bx * (cfg.rows // 2), cfg.rows // 2), 0)
         else:
-            vrows = cutlass.max(cutlass.min(n - bx * ROWS, ROWS), 0)
+            vrows = cutlass.max(cutlass.min(n - bx * cfg.rows, cfg.rows), 0)
         vtok = cutlass.min(m, cfg.ntok)
         for i in cutlass.range(n_kt, unroll=1):
             s = i % S
@@ -303,7 +308,7 @@ class Sm90DecodeGemm:
             cute.arch.sync_warp()
             base = ring + s * cfg.stage_bytes
             koff = Int64(k_el // 2)
-            for j in cutlass.range_constexpr(ROWS // 32):
+            for j in cutlass.range_constexpr(cfg.rows // 32):
                 r = lane + 32 * j
                 grow, valid = self._wrow(r, bx, n)
                 if valid:
@@ -321,8 +326,8 @@ class Sm90DecodeGemm:
     def _consume(self, acc, k, kt0, n_kt, warp, lane, bar0, ring):
         cfg = self.cfg
         S = cfg.stages
-        ph = warp // 2
-        rh = warp % 2
+        ph = warp // cfg.row_groups
+        rh = warp % cfg.row_groups
         g = lane // 4
         t = lane % 4
         for i in cutlass.range(ph, n_kt, cfg.phases, unroll=1):
@@ -403,7 +408,7 @@ class Sm90DecodeGemm:
         cfg = self.cfg
         T = cfg.threads
         ld = cfg.ld
-        tile_elems = ROWS * cfg.ntok
+        tile_elems = cfg.rows * cfg.ntok
         base = (bx * splits + bz) * tile_elems
         for i in cutlass.range_constexpr((tile_elems + T - 1) // T):
             e = tid + i * T

@@ -5,7 +5,8 @@
 (exact FP16 products, FP32 accumulation, alpha in FP32, optional SwiGLU, BF16 out), with a
 different (fixed, deterministic) FP32 summation order.
 
-Launch plan: 128 weight rows per CTA (64 output columns with SwiGLU), split-K so that
+Launch plan: 128 weight rows per CTA (64 output columns with SwiGLU; ``rows=64`` halves both),
+split-K so that
 ``tiles * splits`` covers ``ctas_per_sm`` CTAs on every SM (no empty split).
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from ...contract import GemmRequest, KernelContractError
 from ..common import (KernelCache, check_align, check_cuda, compile_executor, compile_with_ptx, cu_stream,
                       expect, fake_gmem_ptr, gmem_ptr, kernel_scales)
-from .decode_gemm_kernel import ROWS, DecodeConfig, Sm90DecodeGemm
+from .decode_gemm_kernel import DecodeConfig, Sm90DecodeGemm
 
 ARCH = "sm_90a"
 MAX_TOKENS = 16
@@ -58,7 +59,7 @@ class DecodePlan:
 
     @property
     def workspace_floats(self) -> int:
-        return self.tiles * self.splits * ROWS * self.cfg.ntok if self.splits > 1 else 0
+        return self.tiles * self.splits * self.cfg.rows * self.cfg.ntok if self.splits > 1 else 0
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -66,10 +67,14 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def decode_plan(m: int, n: int, k: int, *, swiglu: bool, num_sms: int, bk: int = 256,
-                stages: int = 4, consumer_warps: int = 4, ctas_per_sm: int = 2,
-                max_splits: int = MAX_SPLITS) -> DecodePlan:
+                stages: int | None = None, consumer_warps: int = 4, ctas_per_sm: int = 2,
+                max_splits: int = MAX_SPLITS, rows: int = 128) -> DecodePlan:
+    """``stages=None``: two ring stages per consumer phase group (4 for the default 128 rows x 4
+    warps), so the producer keeps a k-tile in flight for every group that is decoding one."""
+    if stages is None:
+        stages = max(4, 2 * consumer_warps // (rows // 64))
     cfg = DecodeConfig(ntok=8 if m <= 8 else 16, bk=bk, stages=stages, consumer_warps=consumer_warps,
-                       swiglu=swiglu)
+                       swiglu=swiglu, rows=rows)
     n_cols = n // 2 if swiglu else n
     tiles = _cdiv(n_cols, cfg.col_tile)
     k_tiles = _cdiv(k, bk)
