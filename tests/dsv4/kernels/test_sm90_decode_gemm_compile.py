@@ -25,6 +25,8 @@ VARIANTS = {
     "n16_bk128_s6_swiglu": dict(ntok=16, bk=128, stages=6, swiglu=True),
     "n16_w8_s8": dict(ntok=16, consumer_warps=8, stages=8),
     "n8_rows64_swiglu": dict(ntok=8, rows=64, swiglu=True),
+    "grouped_n8_swiglu": dict(ntok=8, grouped=True, swiglu=True),
+    "grouped_n16": dict(ntok=16, grouped=True),
 }
 
 
@@ -67,6 +69,8 @@ def test_decode_gemm_ptx_census(builds, name):
     assert not re.search(r"mul(\.[a-z0-9]+)*\.ftz[a-z0-9.]*\.f16x2", ptx)
     assert re.search(r"cvt\.rn\.f16x2\.e4m3x2", ptx)
     assert not re.search(r"cvt\.[a-z0-9.]*e2m1x2", ptx) and "tcgen05" not in ptx
+    if cfg.grouped:  # the device-side token-tile schedule (block scan of the offsets)
+        assert re.search(r"shfl\.sync\.up", ptx)
     # split-K counter protocol and no local memory
     assert re.search(r"atom\.[a-z_.]*add", ptx)
     assert not re.search(r"\b(ld|st)\.local\b", ptx)
@@ -75,7 +79,7 @@ def test_decode_gemm_ptx_census(builds, name):
 
 @needs_cutlass
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas is not on the PATH")
-@pytest.mark.parametrize("name", ["n8_bk256", "n16_bk256", "n8_bk256_swiglu"])
+@pytest.mark.parametrize("name", ["n8_bk256", "n16_bk256", "n8_bk256_swiglu", "grouped_n8_swiglu"])
 def test_decode_gemm_ptxas_no_spills(builds, name, tmp_path):
     _, ptx = builds[name]
     src = tmp_path / "k.ptx"
@@ -103,6 +107,10 @@ def test_decode_plan_covers_the_sms_without_empty_splits():
         assert p.tiles * p.cfg.col_tile >= (n // 2 if sw else n)
         # at least ~half the resident CTA slots, unless limited by k-tiles or the split cap
         assert p.ctas >= min(132, p.tiles * k_tiles) or p.splits == 16, p
+    # grouped: 4 tokens x 6 experts of 384 -> 24 rows: ntok 8, slots = 24 // 8 + 24
+    p = decode_plan(24, 6144, 7168, swiglu=True, num_sms=132, num_experts=384)
+    assert p.cfg.grouped and p.cfg.ntok == 8 and p.slots == 27 and p.splits == 1
+    assert decode_plan(40 * 16, 512, 1024, swiglu=False, num_sms=132, num_experts=16).cfg.ntok == 16
 
 
 # ----------------------------------------------------------------------------- the decode's PTX, interpreted

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dsv4.kernels.contract import FP4Operand, GemmRequest, KernelContractError
+from dsv4.kernels.contract import FP4Operand, GemmRequest, GroupedGemmRequest, KernelContractError
 from dsv4.numerics import e2m1_decode, e4m3_decode, swizzle_scales, to_float8_e4m3fn, unpack_nibbles
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
@@ -49,7 +49,7 @@ def emu():
 
 
 # ----------------------------------------------------------------------------- operands (as test_cutedsl_sm90)
-def _operand(rows: int, k: int, gen: torch.Generator, *, layout: str = "swizzled",
+def _operand(rows: int, k: int, gen: torch.Generator, *, layout: str = "swizzled", groups: int | None = None,
              zero_scale_frac: float = 0.05) -> FP4Operand:
     """Uniform random codes (all 16, -0 included) and E4M3 block scales spanning 2^-4 .. 2^4."""
     packed = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, generator=gen)
@@ -57,19 +57,32 @@ def _operand(rows: int, k: int, gen: torch.Generator, *, layout: str = "swizzled
     mag[torch.rand(rows, k // 16, generator=gen) < zero_scale_frac] = 0.0
     scales = to_float8_e4m3fn(mag)
     if layout == "swizzled":
-        scales = swizzle_scales(scales.view(torch.uint8).reshape(1, rows, k // 16)).reshape(-1)
+        per = rows // (groups or 1)
+        scales = swizzle_scales(scales.view(torch.uint8).reshape(groups or 1, per, k // 16)).reshape(-1)
         scales = scales.view(torch.float8_e4m3fn)
-    g = torch.exp2(torch.rand((), generator=gen) * 4 - 2)
+    g = (torch.exp2(torch.rand(groups, generator=gen) * 4 - 2) if groups
+         else torch.exp2(torch.rand((), generator=gen) * 4 - 2))
     return FP4Operand(packed.cuda(), scales.cuda(), g.float().cuda(), k=k, scale_layout=layout)
 
 
-def _deq(op: FP4Operand) -> torch.Tensor:
+def _deq(op: FP4Operand, group: int | None = None, groups: int = 1) -> torch.Tensor:
+    """Block-dequantized operand (no global scale) in float64, linear scales."""
     from dsv4.numerics import unswizzle_scales
 
+    n = op.rows // groups
     sc = op.k // 16
-    scales = op.scales if op.scale_layout == "linear" else unswizzle_scales(op.scales, op.rows, sc)
-    vals = e2m1_decode(unpack_nibbles(op.packed)).double().reshape(op.rows, sc, 16)
-    return (vals * e4m3_decode(scales).double().unsqueeze(-1)).reshape(op.rows, op.k)
+    if group is not None:
+        packed = op.packed[group * n:(group + 1) * n]
+        if op.scale_layout == "swizzled":
+            per = op.scales.numel() // groups
+            scales = unswizzle_scales(op.scales[group * per:(group + 1) * per], n, sc)
+        else:
+            scales = op.scales[group * n:(group + 1) * n]
+    else:
+        packed = op.packed
+        scales = op.scales if op.scale_layout == "linear" else unswizzle_scales(op.scales, op.rows, sc)
+    vals = e2m1_decode(unpack_nibbles(packed)).double().reshape(packed.shape[0], sc, 16)
+    return (vals * e4m3_decode(scales).double().unsqueeze(-1)).reshape(packed.shape[0], op.k)
 
 
 def _ulp_bf16(x: torch.Tensor) -> torch.Tensor:
@@ -233,3 +246,80 @@ def test_decode_gemm_rejects_what_it_does_not_support(dg):
     assert not DecodeGemm.supports(big)
     with pytest.raises(KernelContractError):
         dg(big)
+
+
+# ----------------------------------------------------------------------------- grouped (MoE decode)
+def _offsets(counts: list[int]) -> torch.Tensor:
+    return torch.tensor([0] + list(torch.tensor(counts).cumsum(0).tolist()), dtype=torch.int32)
+
+
+def _grouped(dgx, counts, n, k, gen, *, limit=None, a_scale=1.0, layout="swizzled"):
+    e, m = len(counts), sum(counts)
+    a = _operand(m, k, gen, layout=layout)
+    a = FP4Operand(a.packed, a.scales, a.global_scale * a_scale, k=k, scale_layout=layout)
+    b = _operand(e * n, k, gen, layout=layout, groups=e)
+    alphas = (a.global_scale * b.global_scale).float()
+    got = dgx.grouped(GroupedGemmRequest(a, b, _offsets(counts).cuda(), alphas, swiglu_limit=limit))
+    return got, a, b, alphas
+
+
+@pytest.mark.parametrize("counts,n,k", [
+    ([1], 256, 512), ([0, 0, 1, 0], 256, 512), ([0] * 100 + [1] + [0] * 283, 512, 1024),
+    ([2, 0, 3, 1, 0, 9, 17, 1], 200, 1056), ([40, 1, 0, 130], 96, 320), ([5] * 24, 3072, 7168)])
+def test_grouped_decode_gemm(dg, counts, n, k):
+    gen = torch.Generator().manual_seed(len(counts) + n + k)
+    got, a, b, alphas = _grouped(dg, counts, n, k, gen)
+    assert got.shape == (sum(counts), n)
+    offs, ad = _offsets(counts).tolist(), _deq(a)
+    for e in range(len(counts)):
+        lo, hi = offs[e], offs[e + 1]
+        if lo < hi:
+            _check_gemm(got[lo:hi], ad[lo:hi], _deq(b, group=e, groups=len(counts)), alphas[e].double(), k,
+                        f"grouped e{e}/{len(counts)} rows {hi - lo} n{n} k{k}")
+
+
+def test_grouped_decode_routing_6_of_384_swiglu(dg):
+    """A decode step of 4 tokens, each routed to 6 of 384 experts, fused SwiGLU (w13)."""
+    gen = torch.Generator().manual_seed(11)
+    ids = torch.stack([torch.randperm(384, generator=gen)[:6] for _ in range(4)]).flatten()
+    counts = torch.bincount(ids, minlength=384).tolist()
+    nh, k, limit = 256, 1024, 7.0
+    got, a, b, alphas = _grouped(dg, counts, 2 * nh, k, gen, limit=limit, a_scale=4.0)
+    offs, ad = _offsets(counts).tolist(), _deq(a)
+    for e in set(ids.tolist()):
+        lo, hi = offs[e], offs[e + 1]
+        _check_swiglu(got[lo:hi], ad[lo:hi], _deq(b, group=e, groups=384), alphas[e].double(), k, limit,
+                      f"grouped swiglu e{e}")
+
+
+def test_grouped_decode_linear_scales_and_graph(dg):
+    gen = torch.Generator().manual_seed(4)
+    counts = [0, 3, 1, 0, 2]
+    got, a, b, alphas = _grouped(dg, counts, 130, 544, gen, layout="linear")
+    offs, ad = _offsets(counts).tolist(), _deq(a)
+    for e in range(len(counts)):
+        lo, hi = offs[e], offs[e + 1]
+        if lo < hi:
+            _check_gemm(got[lo:hi], ad[lo:hi], _deq(b, group=e, groups=len(counts)), alphas[e].double(), 544,
+                        f"grouped linear e{e}")
+    # CUDA-graph capture (no host reads) replays to the same bits
+    req = GroupedGemmRequest(*_grouped_req_args(counts, 3072, 7168, gen))
+    eager = dg.grouped(req)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        dg.grouped(req)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = dg.grouped(req)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
+
+
+def _grouped_req_args(counts, n, k, gen):
+    e, m = len(counts), sum(counts)
+    a = _operand(m, k, gen)
+    b = _operand(e * n, k, gen, groups=e)
+    return a, b, _offsets(counts).cuda(), (a.global_scale * b.global_scale).float()

@@ -1,6 +1,8 @@
 """sm_90a NVFP4 GEMM specialized for decode (M <= 16 tokens): warp-specialized weight streaming.
 
-``y[M, N] = alpha * a[M, K] @ b[N, K]^T`` with a = the few tokens, b = the weights (dense only).
+``y[M, N] = alpha * a[M, K] @ b[N, K]^T`` with a = the few tokens, b = the weights; ``grouped``: the
+MoE form (expert e's rows ``offsets[e]:offsets[e+1]`` of a times expert e's weights, alpha[e]),
+token tiles per expert scheduled on the device (grid.z slots, as gemm_kernel.py).
 
 CTA = one producer warp + ``consumer_warps`` (4 or 8) consumer warps; it owns ``rows`` (128 or 64)
 weight rows (``swiglu``: rows/2 gate rows + the matching rows/2 up rows) x all M tokens x a K
@@ -55,6 +57,7 @@ class DecodeConfig:
     consumer_warps: int = 4  # 4 or 8
     swiglu: bool = False
     rows: int = 128  # weight rows per CTA: 128 or 64 (64 consumer-warp rows per row group)
+    grouped: bool = False  # MoE: token tiles of each expert scheduled from the offsets (grid.z)
 
     @property
     def row_groups(self) -> int:
@@ -113,7 +116,7 @@ class DecodeConfig:
         return self.rows // 2 if self.swiglu else self.rows
 
     def smem_bytes(self) -> int:
-        return self.stages * self.stage_bytes + 128 + 2 * self.stages * 8 + 64
+        return self.stages * self.stage_bytes + 128 + 2 * self.stages * 8 + 48 * 4 + 64
 
     def check(self) -> None:
         assert self.ntok in (8, 16), self.ntok
@@ -137,18 +140,21 @@ class Sm90DecodeGemm:
         self,
         a_words: cute.Pointer,  # Uint8: tokens, packed [M, K/2] (16-byte aligned)
         a_scales: cute.Pointer,  # Uint8: swizzled scales of a
-        b_words: cute.Pointer,  # Uint8: weights, packed [N, K/2] (16-byte aligned)
-        b_scales: cute.Pointer,  # Uint8: swizzled scales of b
-        alpha_a: cute.Pointer,  # Float32: a.global_scale
-        alpha_b: cute.Pointer,  # Float32: b.global_scale
+        b_words: cute.Pointer,  # Uint8: weights, packed [E*N, K/2] (16-byte aligned)
+        b_scales: cute.Pointer,  # Uint8: swizzled scales of b (per expert when grouped)
+        alpha_a: cute.Pointer,  # Float32: a.global_scale (dense) / unused
+        alpha_b: cute.Pointer,  # Float32: b.global_scale (dense) / alphas [E] (grouped)
+        offsets: cute.Pointer,  # Int32 [E+1] (grouped) / unused
         out: cute.Pointer,  # BFloat16 [M, n_out]
-        workspace: cute.Pointer,  # Float32 split-K partials [tiles, splits, 128, ntok] / unused
-        counters: cute.Pointer,  # Int32 [tiles] split-K counters (zero, self-resetting) / unused
+        workspace: cute.Pointer,  # Float32 split-K partials [slots, tiles, splits, rows, ntok] / unused
+        counters: cute.Pointer,  # Int32 [slots * tiles] split-K counters (zero, self-resetting) / unused
         m: Int32,
-        n: Int32,
+        n: Int32,  # weight rows (per expert)
         k: Int32,
+        num_experts: Int32,
         tiles: Int32,  # weight-row tiles (grid.x)
         splits: Int32,  # grid.y
+        slots: Int32,  # grid.z: token-tile slots (grouped) / 1
         swiglu_limit: Float32,
         stream,
     ):
@@ -157,32 +163,104 @@ class Sm90DecodeGemm:
         @cute.struct
         class Storage:
             bars: cute.struct.MemRange[Int64, 2 * cfg.stages]
-            misc: cute.struct.MemRange[Int32, 16]
+            misc: cute.struct.MemRange[Int32, 48]
             ring: cute.struct.Align[cute.struct.MemRange[cutlass.Uint8, cfg.stages * cfg.stage_bytes], 128]
 
-        self.kernel(a_words, a_scales, b_words, b_scales, alpha_a, alpha_b, out, workspace, counters,
-                    m, n, k, splits, swiglu_limit, Storage).launch(
-            grid=[tiles, splits, 1], block=[cfg.threads, 1, 1], smem=Storage.size_in_bytes(),
+        self.kernel(a_words, a_scales, b_words, b_scales, alpha_a, alpha_b, offsets, out, workspace,
+                    counters, m, n, k, num_experts, splits, swiglu_limit, Storage).launch(
+            grid=[tiles, splits, slots], block=[cfg.threads, 1, 1], smem=Storage.size_in_bytes(),
             stream=stream)
 
     # ------------------------------------------------------------------ device kernel
     @cute.kernel
     def kernel(self, a_words: cute.Pointer, a_scales: cute.Pointer, b_words: cute.Pointer,
-               b_scales: cute.Pointer, alpha_a: cute.Pointer, alpha_b: cute.Pointer, out: cute.Pointer,
-               workspace: cute.Pointer, counters: cute.Pointer, m: Int32, n: Int32, k: Int32,
-               splits: Int32, swiglu_limit: Float32, Storage: cutlass.Constexpr):
+               b_scales: cute.Pointer, alpha_a: cute.Pointer, alpha_b: cute.Pointer, offsets: cute.Pointer,
+               out: cute.Pointer, workspace: cute.Pointer, counters: cute.Pointer, m: Int32, n: Int32,
+               k: Int32, num_experts: Int32, splits: Int32, swiglu_limit: Float32,
+               Storage: cutlass.Constexpr):
         cfg = self.cfg
-        S = cfg.stages
         tid, _, _ = cute.arch.thread_idx()
-        bx, bz, _ = cute.arch.block_idx()
-        warp = tid // 32
-        lane = tid % 32
+        bx, bz, slot = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
         st = smem.allocate(Storage)
+        misc = cute.make_tensor(st.misc.data_ptr(), cute.make_layout(48))
+        expert = Int32(0)
+        tok0 = Int32(0)
+        tok1 = m
+        if cutlass.const_expr(cfg.grouped):
+            self._grouped_schedule(offsets, num_experts, slot, tid, misc)
+            expert = misc[0]
+            tok0 = misc[1]
+            tok1 = misc[2]
+        if tok0 < tok1:  # uniform per CTA
+            self._tile(a_words, a_scales, b_words, b_scales, alpha_a, alpha_b, out, workspace, counters,
+                       m, n, k, splits, swiglu_limit, st, misc, tid, bx, bz, slot, expert, tok0, tok1)
+
+    # ------------------------------------------------------------------ grouped tile schedule
+    @cute.jit
+    def _grouped_schedule(self, offsets: cute.Pointer, num_experts: Int32, slot: Int32, tid: Int32,
+                          sched_t: cute.Tensor):
+        """CTA ``slot`` -> (expert, first token row, end row) by a block-wide scan of the per-expert
+        token-tile counts (as gemm_kernel.py); writes [expert, start, end] to ``sched_t[0:3]``
+        (start == end: no work). ``sched_t[8:8+warps]`` holds the per-warp totals."""
+        cfg = self.cfg
+        tt = cfg.ntok
+        nthr = cfg.threads
+        nwarps = nthr // 32
+        off = cute.make_tensor(offsets, cute.make_layout(num_experts + 1))
+        per = (num_experts + nthr - 1) // nthr
+        e0 = tid * per
+        local = Int32(0)
+        for j in cutlass.range(per, unroll=1):
+            e = e0 + j
+            if e < num_experts:
+                local = local + (off[e + 1] - off[e] + tt - 1) // tt
+        lane = tid % 32
+        warp = tid // 32
+        incl = local
+        for sh in cutlass.range_constexpr(5):
+            d = 1 << sh
+            v = cute.arch.shuffle_sync_up(incl, d)
+            if lane >= d:
+                incl = incl + v
+        if tid == 0:
+            sched_t[0] = Int32(0)
+            sched_t[1] = Int32(0)
+            sched_t[2] = Int32(0)
+        if lane == 31:
+            sched_t[8 + warp] = incl
+        cute.arch.sync_threads()
+        before = Int32(0)
+        for w in cutlass.range_constexpr(nwarps):
+            if w < warp:
+                before = before + sched_t[8 + w]
+        excl = before + incl - local
+        if slot >= excl and slot < excl + local:
+            base = excl
+            for j in cutlass.range(per, unroll=1):
+                e = e0 + j
+                if e < num_experts:
+                    lo = off[e]
+                    hi = off[e + 1]
+                    cnt = (hi - lo + tt - 1) // tt
+                    if slot >= base and slot < base + cnt:
+                        sched_t[0] = e
+                        sched_t[1] = lo + (slot - base) * tt
+                        sched_t[2] = cutlass.min(hi, lo + (slot - base + 1) * tt)
+                    base = base + cnt
+        cute.arch.sync_threads()
+
+    # ------------------------------------------------------------------ one (token tile, row tile, split)
+    @cute.jit
+    def _tile(self, a_words, a_scales, b_words, b_scales, alpha_a, alpha_b, out, workspace, counters,
+              m, n, k, splits, swiglu_limit, st, misc, tid, bx, bz, slot, expert, tok0, tok1):
+        cfg = self.cfg
+        S = cfg.stages
+        warp = tid // 32
+        lane = tid % 32
         bar0 = st.bars.data_ptr().toint()  # full[s] = bar0 + 8s, empty[s] = bar0 + 8(S+s)
         ring_ptr = st.ring.data_ptr()
         ring = ring_ptr.toint()
-        misc = cute.make_tensor(st.misc.data_ptr(), cute.make_layout(16))
 
         k_tiles = (k + cfg.bk - 1) // cfg.bk
         per_split = (k_tiles + splits - 1) // splits
@@ -199,7 +277,8 @@ class Sm90DecodeGemm:
         acc = cute.make_rmem_tensor((4 * cfg.nt * 4,), Uint32)  # FP32 bit patterns
         acc.fill(0)
         if warp == cfg.consumer_warps:
-            self._produce(a_words, a_scales, b_words, b_scales, m, n, k, kt0, n_kt, bx, lane, bar0, ring)
+            self._produce(a_words, a_scales, b_words, b_scales, n, k, kt0, n_kt, bx, lane, bar0, ring,
+                          expert, tok0, tok1)
         else:
             self._consume(acc, k, kt0, n_kt, warp, lane, bar0, ring)
         cute.arch.sync_threads()  # every stage consumed: the ring is free for the epilogue
@@ -236,9 +315,10 @@ class Sm90DecodeGemm:
 
         last = Boolean(True)
         if splits > 1:
-            last = self._split_reduce(slab, workspace, counters, splits, misc, tid, bx, bz)
+            gx, _, _ = cute.arch.grid_dim()
+            last = self._split_reduce(slab, workspace, counters, splits, misc, tid, slot * gx + bx, bz)
         if last:
-            self._store(slab, alpha_a, alpha_b, out, m, n, bx, swiglu_limit, tid)
+            self._store(slab, alpha_a, alpha_b, out, m, n, bx, swiglu_limit, tid, expert, tok0, tok1)
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
@@ -280,21 +360,24 @@ class Sm90DecodeGemm:
             ptx.cp_async_4(ws_dst + u * 4, src, sb)
 
     @cute.jit
-    def _produce(self, a_words, a_scales, b_words, b_scales, m, n, k, kt0, n_kt, bx, lane, bar0, ring):
+    def _produce(self, a_words, a_scales, b_words, b_scales, n, k, kt0, n_kt, bx, lane, bar0, ring,
+                 expert, tok0, tok1):
         cfg = self.cfg
         S = cfg.stages
         row_bytes = Int64(k // 2)
+        n_pad = (n + 127) // 128 * 128
+        sc_pad = (k // 16 + 3) // 4 * 4
         a_base = a_words.toint()
-        b_base = b_words.toint()
+        b_base = b_words.toint() + Int64(expert) * Int64(n) * row_bytes
         as_base = a_scales.toint()
-        bs_base = b_scales.toint()
+        bs_base = b_scales.toint() + Int64(expert) * Int64(n_pad) * Int64(sc_pad)
         policy = dp.l2_evict_first()
         vrows = Int32(0)
         if cutlass.const_expr(cfg.swiglu):
             vrows = 2 * cutlass.max(cutlass.min(n // 2 - bx * (cfg.rows // 2), cfg.rows // 2), 0)
         else:
             vrows = cutlass.max(cutlass.min(n - bx * cfg.rows, cfg.rows), 0)
-        vtok = cutlass.min(m, cfg.ntok)
+        vtok = cutlass.min(tok1 - tok0, cfg.ntok)
         for i in cutlass.range(n_kt, unroll=1):
             s = i % S
             full = bar0 + 8 * s
@@ -316,8 +399,9 @@ class Sm90DecodeGemm:
                                    b_base + Int64(grow) * row_bytes + koff, bs_base, grow, kt, k, kb,
                                    full, policy, True)
             if lane < vtok:
+                tok = tok0 + lane
                 self._copy_row(base + cfg.a_off + lane * cfg.pitch, base + cfg.as_off + lane * cfg.groups * 4,
-                               a_base + Int64(lane) * row_bytes + koff, as_base, lane, kt, k, kb,
+                               a_base + Int64(tok) * row_bytes + koff, as_base, tok, kt, k, kb,
                                full, policy, False)
             dp.cp_async_mbar_arrive_noinc(full)
 
@@ -402,14 +486,14 @@ class Sm90DecodeGemm:
 
     # ------------------------------------------------------------------ epilogue
     @cute.jit
-    def _split_reduce(self, slab, workspace, counters, splits, misc, tid, bx, bz):
+    def _split_reduce(self, slab, workspace, counters, splits, misc, tid, tile_id, bz):
         """Write this split's FP32 tile; the last split CTA of the tile (atomic counter, reset to 0
         for the next launch) sums all partials in split order into ``slab``."""
         cfg = self.cfg
         T = cfg.threads
         ld = cfg.ld
         tile_elems = cfg.rows * cfg.ntok
-        base = (bx * splits + bz) * tile_elems
+        base = (tile_id * splits + bz) * tile_elems
         for i in cutlass.range_constexpr((tile_elems + T - 1) // T):
             e = tid + i * T
             if e < tile_elems:
@@ -417,15 +501,15 @@ class Sm90DecodeGemm:
         cute.arch.fence_acq_rel_gpu()
         cute.arch.sync_threads()
         if tid == 0:
-            cnt_ptr = counters + bx
+            cnt_ptr = counters + tile_id
             old = cute.arch.atomic_add(cnt_ptr, Int32(1), sem="acq_rel", scope="gpu")
             is_last = Int32(0)
             if old == splits - 1:
                 is_last = Int32(1)
                 cute.arch.atomic_exch(cnt_ptr, Int32(0), sem="relaxed", scope="gpu")
-            misc[0] = is_last
+            misc[4] = is_last
         cute.arch.sync_threads()
-        last = misc[0] != 0
+        last = misc[4] != 0
         if last:
             cute.arch.fence_acq_rel_gpu()
             for i in cutlass.range_constexpr((tile_elems + T - 1) // T):
@@ -434,18 +518,22 @@ class Sm90DecodeGemm:
                     tot = Float32(0.0)
                     for zz in cutlass.range(splits, unroll=4):  # fixed split order
                         tot = tot + cute.arch.load(
-                            workspace + ((bx * splits + zz) * tile_elems + e), Float32, cop="cg")
+                            workspace + ((tile_id * splits + zz) * tile_elems + e), Float32, cop="cg")
                     slab[(e // cfg.ntok) * ld + e % cfg.ntok] = tot
             cute.arch.sync_threads()
         return last
 
     @cute.jit
-    def _store(self, slab, alpha_a, alpha_b, out, m, n, bx, swiglu_limit, tid):
+    def _store(self, slab, alpha_a, alpha_b, out, m, n, bx, swiglu_limit, tid, expert, tok0, tok1):
         """alpha (FP32) -> optional SwiGLU -> BF16, predicated on valid tokens and columns."""
         cfg = self.cfg
         ld = cfg.ld
-        alpha = (cute.make_tensor(alpha_a, cute.make_layout(1))[0]
-                 * cute.make_tensor(alpha_b, cute.make_layout(1))[0])
+        alpha = Float32(0.0)
+        if cutlass.const_expr(cfg.grouped):
+            alpha = cute.make_tensor(alpha_b, cute.make_layout(expert + 1))[expert]
+        else:
+            alpha = (cute.make_tensor(alpha_a, cute.make_layout(1))[0]
+                     * cute.make_tensor(alpha_b, cute.make_layout(1))[0])
         n_out = n
         if cutlass.const_expr(cfg.swiglu):
             n_out = n // 2
@@ -458,7 +546,7 @@ class Sm90DecodeGemm:
             tl = e // ct
             cl = e % ct
             col = col0 + cl
-            if e < total and tl < m and col < n_out:
+            if e < total and tl < tok1 - tok0 and col < n_out:
                 y = slab[cl * ld + tl] * alpha
                 if cutlass.const_expr(cfg.swiglu):
                     up = slab[(cl + ct) * ld + tl] * alpha
@@ -467,4 +555,4 @@ class Sm90DecodeGemm:
                     up = cutlass.max(cutlass.min(up, lim), -lim)
                     sig = Float32(1.0) / (Float32(1.0) + cute.math.exp(-gate))
                     y = gate * sig * up
-                outt[tl, col] = y.to(BFloat16)
+                outt[tok0 + tl, col] = y.to(BFloat16)
