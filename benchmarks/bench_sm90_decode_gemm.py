@@ -1,7 +1,7 @@
 """Decode NVFP4 GEMM on Hopper: the new warp-specialized kernel (``DecodeGemm``) vs the current
 ``Sm90Backend.gemm`` vs cuBLAS BF16, at DeepSeek-V4 Pro / Flash decode shapes, M in {1, 4, 16}.
 
-    PYTHONPATH=. python benchmarks/bench_sm90_decode_gemm.py [--json out.json] [--quick] [--sweep]
+    PYTHONPATH=. python benchmarks/bench_sm90_decode_gemm.py [--json out.json] [--quick] [--sweep] [--no-grouped]
 
 Per case: first a correctness check of the new kernel (max |new - Sm90Backend| and max
 |new - emulated|, relative to max |y|), then kernel-only times under CUDA-graph replay (``reps``
@@ -10,7 +10,9 @@ median of 5 replays). Bandwidth = bytes moved / time (FP4: weights + scales + ac
 BF16: weights + activations + output), against the HBM bandwidth measured in the same run (a 2 GiB
 read-only reduction and a 1 GiB device-to-device copy; the larger is the roofline). Targets:
 >= 70 % of roofline and >= 2.5x cuBLAS BF16. ``--sweep`` also times launch-plan variants of the new
-kernel (bk, stages, consumer warps, CTAs per SM) per case.
+kernel (bk, stages, consumer warps, CTAs per SM) per dense case. Grouped cases: a decode step of T
+tokens routed top-6 over the model's experts (``DecodeGemm.grouped`` vs ``Sm90Backend.grouped_gemm``
+vs ``torch._grouped_mm`` on BF16 weights; bytes = the active experts' weights).
 """
 from __future__ import annotations
 
@@ -35,6 +37,11 @@ PRO = [("pro expert w1 7168->3072", 3072, 7168, False), ("pro expert w2 3072->71
        ("pro lm_head 7168->129280", 129280, 7168, False)]
 FLASH = [("flash expert w13+SwiGLU 4096->2x2048", 4096, 4096, True), ("flash expert w2 2048->4096", 4096, 2048, False),
          ("flash wq_a 4096->1024", 1024, 4096, False), ("flash lm_head 4096->129280", 129280, 4096, False)]
+# grouped MoE decode: (name, N per expert, K, SwiGLU, experts), each token routed to 6 experts
+GROUPED = [("pro experts w13+SwiGLU 6-of-384", 6144, 7168, True, 384), ("pro experts w2 6-of-384", 7168, 3072, False, 384),
+           ("flash experts w13+SwiGLU 6-of-256", 4096, 4096, True, 256),
+           ("flash experts w2 6-of-256", 4096, 2048, False, 256)]
+TOPK = 6
 VARIANTS = [dict(), dict(stages=6), dict(bk=128, stages=8), dict(consumer_warps=8, stages=8, ctas_per_sm=1),
             dict(ctas_per_sm=3, stages=3), dict(ctas_per_sm=4), dict(rows=64), dict(rows=64, ctas_per_sm=3, stages=5),
             dict(max_splits=32)]
@@ -174,6 +181,65 @@ def run_case(be, dg, emu, name, n, k, swiglu, m, hbm, sweep: bool) -> dict:
     return row
 
 
+def run_grouped_case(be, dg, emu, name, n, k, swiglu, experts, tokens, w_fp4, w_bf16, hbm) -> dict:
+    from dsv4.kernels.contract import ActQuantRequest, GroupedGemmRequest
+
+    gen = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:TOPK] for _ in range(tokens)]).flatten()
+    counts = torch.bincount(ids, minlength=experts)
+    offs_cpu = torch.zeros(experts + 1, dtype=torch.int32)
+    offs_cpu[1:] = counts.cumsum(0)
+    m, active = int(offs_cpu[-1]), int((counts > 0).sum())
+    offs = offs_cpu.cuda()
+    limit = 7.0 if swiglu else None
+    n_out = n // 2 if swiglu else n
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    g = torch.tensor(0.01, device="cuda")
+    aq = be.quantize_activation(ActQuantRequest(x, global_scale=g, scale_layout="swizzled"))
+    req = GroupedGemmRequest(aq, w_fp4, offs, (g * w_fp4.global_scale).float(), swiglu_limit=limit)
+    req.validate()
+    row = {"case": name, "n": n, "k": k, "m": tokens, "rows": m, "active_experts": active, "swiglu": swiglu}
+    new, old = dg.grouped(req), be.grouped_gemm(req)
+    ref = emu.grouped_gemm(req)
+    torch.cuda.synchronize()
+    scale = float(ref.float().abs().max()) or 1.0
+    row["max_abs_diff_vs_backend"] = float((new.float() - old.float()).abs().max())
+    row["max_abs_diff_vs_emulated"] = float((new.float() - ref.float()).abs().max())
+    row["max_abs_y"] = scale
+    row["backend_vs_emulated"] = float((old.float() - ref.float()).abs().max())
+    row["ok"] = bool(torch.isfinite(new.float()).all()) and row["max_abs_diff_vs_emulated"] <= max(
+        4 * row["backend_vs_emulated"], 2.0 ** -6 * scale)
+    plan = dg.grouped_plan(m, experts, n, k, swiglu)
+    row["plan"] = {"tiles": plan.tiles, "splits": plan.splits, "ctas": plan.ctas, "cfg": str(plan.cfg)}
+    row["new_us"] = graph_us([lambda: dg.grouped(req, check_values=False)])
+    row["old_us"] = graph_us([lambda: be.grouped_gemm(req, check_values=False)])
+    ends = offs[1:].contiguous()
+    try:
+        torch._grouped_mm(x, w_bf16.transpose(-2, -1), offs=ends)
+        torch.cuda.synchronize()
+        row["bf16_us"] = graph_us([lambda: torch._grouped_mm(x, w_bf16.transpose(-2, -1), offs=ends)])
+        row["baseline"] = "torch._grouped_mm"
+    except Exception as e:  # older torch: per-expert cuBLAS
+        spans = [(e_, int(offs_cpu[e_]), int(offs_cpu[e_ + 1])) for e_ in range(experts) if counts[e_] > 0]
+        row["baseline"] = f"per-expert matmul ({type(e).__name__})"
+
+        def bf16():
+            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+            for e_, lo, hi in spans:
+                torch.matmul(x[lo:hi], w_bf16[e_].t(), out=out[lo:hi])
+            return out
+        row["bf16_us"] = graph_us([bf16])
+    io = active * fp4_bytes(n, k) + fp4_bytes(m, k) + 2 * m * n_out
+    bf_io = active * 2 * n * k + 2 * m * k + 2 * m * n
+    for key, b in (("new", io), ("old", io), ("bf16", bf_io)):
+        us = row[f"{key}_us"]
+        row[f"{key}_GBps"] = b / (us * 1e-6) / 1e9 if us == us and us > 0 else float("nan")
+        row[f"{key}_roof"] = b / (us * 1e-6) / hbm["roofline"] if us == us and us > 0 else float("nan")
+    row["speedup_vs_bf16"] = row["bf16_us"] / row["new_us"]
+    row["speedup_vs_backend"] = row["old_us"] / row["new_us"]
+    return row
+
+
 def render(rows: list[dict], hbm: dict) -> None:
     log(f"\nHBM measured: read-reduce {hbm['read_reduce'] / 1e9:.0f} GB/s, D2D copy {hbm['d2d_copy'] / 1e9:.0f} GB/s "
         f"-> roofline {hbm['roofline'] / 1e9:.0f} GB/s")
@@ -199,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the rows here (default: $OUT/bench_sm90_decode_gemm.json if $OUT)")
     ap.add_argument("--quick", action="store_true", help="Pro shapes only, M in {1, 16}")
     ap.add_argument("--sweep", action="store_true", help="also time launch-plan variants of the new kernel")
+    ap.add_argument("--no-grouped", action="store_true", help="skip the MoE (grouped) decode cases")
     ap.add_argument("--budget-s", type=float, default=220.0, help="skip cases that would start after this many seconds")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
@@ -234,6 +301,29 @@ def main(argv: list[str] | None = None) -> int:
                 f"bf16 {r['bf16_us']:.1f} us, x{r['speedup_vs_bf16']:.2f} vs bf16, ok={r['ok']} "
                 f"(|new-emu| {r['max_abs_diff_vs_emulated']:.3g}, |old-emu| {r['backend_vs_emulated']:.3g}, "
                 f"|new-old| {r['max_abs_diff_vs_backend']:.3g}, max|y| {r['max_abs_y']:.3g}) [{time.time() - t0:.0f} s]")
+    if not args.no_grouped:
+        for name, n, k, sw, experts in (GROUPED[:2] if args.quick else GROUPED):
+            if time.time() - t0 > args.budget_s:
+                skipped.append(name)
+                continue
+            try:
+                from bench_nvfp4_gemm import _fp4_weight
+                w_fp4 = _fp4_weight(n, k, experts)
+                w_bf16 = torch.randn(experts, n, k, device="cuda", dtype=torch.bfloat16)
+                for m in ms:
+                    r = run_grouped_case(be, dg, emu, name, n, k, sw, experts, m, w_fp4, w_bf16, hbm)
+                    rows.append(r)
+                    log(f"{name} T={m} ({r['rows']} rows, {r['active_experts']} experts): new {r['new_us']:.1f} us "
+                        f"({100 * r['new_roof']:.0f}% roof), old {r['old_us']:.1f} us, bf16 {r['bf16_us']:.1f} us, "
+                        f"x{r['speedup_vs_bf16']:.2f} vs bf16, ok={r['ok']} (|new-emu| {r['max_abs_diff_vs_emulated']:.3g}, "
+                        f"|old-emu| {r['backend_vs_emulated']:.3g}) [{time.time() - t0:.0f} s]")
+            except Exception as e:
+                ERRORS.append(f"{name}: {type(e).__name__}: {str(e)[:300]}")
+                log(f"FAILED {name}: {type(e).__name__}: {str(e)[:300]}")
+            finally:
+                w_fp4 = w_bf16 = None
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
     render(rows, hbm)
     for e in ERRORS[:20]:
         log(f"error: {e}")
