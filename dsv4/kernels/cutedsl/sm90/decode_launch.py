@@ -6,6 +6,9 @@
 Numerics are those of ``Sm90Backend`` (exact FP16 products, FP32 accumulation, alpha in FP32,
 optional SwiGLU, BF16 out) with a different, fixed (deterministic) FP32 summation order.
 
+Wiring (for the backend): ``if DecodeGemm.supports(req): return self._decode(req)`` at the top of
+``Sm90Backend.gemm`` (and ``supports_grouped`` / ``grouped`` in ``grouped_gemm``).
+
 Launch plan: 128 weight rows per CTA (64 output columns with SwiGLU; ``rows=64`` halves both),
 split-K so that ``tiles * splits * slots`` covers ``ctas_per_sm`` CTAs on every SM (no empty split).
 """
@@ -109,6 +112,13 @@ class DecodeGemm:
     @staticmethod
     def supports(req: GemmRequest) -> bool:
         return isinstance(req, GemmRequest) and 1 <= req.a.rows <= MAX_TOKENS and req.a.k % 32 == 0
+
+    @staticmethod
+    def supports_grouped(req: GroupedGemmRequest, max_rows_per_expert: float = 16.0) -> bool:
+        """Decode-sized routing (few rows per expert on average; any routing is computed correctly)."""
+        e = max(req.num_experts, 1)
+        return (isinstance(req, GroupedGemmRequest) and req.a.k % 32 == 0
+                and req.a.rows <= max_rows_per_expert * min(e, max(req.a.rows, 1)))
 
     def _sms(self) -> int:
         if self._num_sms is None:
