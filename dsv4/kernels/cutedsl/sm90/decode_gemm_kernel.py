@@ -340,24 +340,21 @@ class Sm90DecodeGemm:
         return grow, valid
 
     @cute.jit
-    def _copy_row(self, dst, ws_dst, src_row, sc_base, grow, kt, k, kb, bar, policy, use_hint: cutlass.Constexpr):
-        """Bulk copy of one row's k-tile (``kb`` bytes) + its 64-K scale words (4-byte cp.async)."""
+    def _scale_row_addr(self, sc_base, grow, sc_pad):
+        """Address of row ``grow``'s scale word for 64-K unit 0 in the 32_4_4 layout (unit u: +512 u)."""
+        return sc_base + Int64(((grow // 128) * (sc_pad // 4)) * 512 + (grow % 32) * 16 + ((grow // 32) % 4) * 4)
+
+    @cute.jit
+    def _copy_row(self, dst, ws_dst, src, sc_row, uoff, sbytes, kb, bar, policy, use_hint: cutlass.Constexpr):
+        """Bulk copy of one row's k-tile (``kb`` bytes from ``src``) + its 64-K scale words
+        (4-byte cp.async of ``sbytes[u]`` bytes from ``sc_row + uoff[u]``, the rest zero-filled)."""
         cfg = self.cfg
         if cutlass.const_expr(use_hint):
-            dp.bulk_g2s_hint(dst, src_row, kb, bar, policy)
+            dp.bulk_g2s_hint(dst, src, kb, bar, policy)
         else:
-            dp.bulk_g2s(dst, src_row, kb, bar)
-        scale_cols = k // 16
-        sc_pad = (scale_cols + 3) // 4 * 4
+            dp.bulk_g2s(dst, src, kb, bar)
         for u in cutlass.range_constexpr(cfg.groups):
-            cg = kt * cfg.groups + u
-            sb = cutlass.max(cutlass.min(scale_cols - cg * 4, 4), 0)  # 0..4 bytes, rest zero-filled
-            soff = (((grow // 128) * (sc_pad // 4) + cg) * 512 + (grow % 32) * 16
-                    + ((grow // 32) % 4) * 4)
-            src = sc_base + Int64(soff)
-            if sb == 0:
-                src = sc_base  # a unit past K: nothing read, the scale word becomes 0
-            ptx.cp_async_4(ws_dst + u * 4, src, sb)
+            ptx.cp_async_4(ws_dst + u * 4, sc_row + uoff[u], sbytes[u])
 
     @cute.jit
     def _produce(self, a_words, a_scales, b_words, b_scales, n, k, kt0, n_kt, bx, lane, bar0, ring,
@@ -366,7 +363,8 @@ class Sm90DecodeGemm:
         S = cfg.stages
         row_bytes = Int64(k // 2)
         n_pad = (n + 127) // 128 * 128
-        sc_pad = (k // 16 + 3) // 4 * 4
+        scale_cols = k // 16
+        sc_pad = (scale_cols + 3) // 4 * 4
         a_base = a_words.toint()
         b_base = b_words.toint() + Int64(expert) * Int64(n) * row_bytes
         as_base = a_scales.toint()
@@ -378,6 +376,18 @@ class Sm90DecodeGemm:
         else:
             vrows = cutlass.max(cutlass.min(n - bx * cfg.rows, cfg.rows), 0)
         vtok = cutlass.min(tok1 - tok0, cfg.ntok)
+        # this lane's rows (lane + 32 j) and token (tok0 + lane): addresses hoisted out of the loop
+        row_valid = []
+        row_src = []
+        row_sc = []
+        for j in cutlass.range_constexpr(cfg.rows // 32):
+            grow, valid = self._wrow(lane + 32 * j, bx, n)
+            row_valid.append(valid)
+            row_src.append(b_base + Int64(grow) * row_bytes)
+            row_sc.append(self._scale_row_addr(bs_base, grow, sc_pad))
+        tok = tok0 + lane
+        tok_src = a_base + Int64(tok) * row_bytes
+        tok_sc = self._scale_row_addr(as_base, tok, sc_pad)
         for i in cutlass.range(n_kt, unroll=1):
             s = i % S
             full = bar0 + 8 * s
@@ -391,18 +401,26 @@ class Sm90DecodeGemm:
             cute.arch.sync_warp()
             base = ring + s * cfg.stage_bytes
             koff = Int64(k_el // 2)
+            # per 64-K unit of this k-tile: valid scale bytes and the offset of its scale word from
+            # the row's unit-0 word (0 for a unit past K: nothing is read, the word becomes 0)
+            sbytes = []
+            uoff = []
+            for u in cutlass.range_constexpr(cfg.groups):
+                cg = kt * cfg.groups + u
+                sb = cutlass.max(cutlass.min(scale_cols - cg * 4, 4), 0)
+                off = Int64(0)
+                if sb > 0:
+                    off = Int64(cg * 512)
+                sbytes.append(sb)
+                uoff.append(off)
             for j in cutlass.range_constexpr(cfg.rows // 32):
                 r = lane + 32 * j
-                grow, valid = self._wrow(r, bx, n)
-                if valid:
+                if row_valid[j]:
                     self._copy_row(base + r * cfg.pitch, base + cfg.ws_off + r * cfg.groups * 4,
-                                   b_base + Int64(grow) * row_bytes + koff, bs_base, grow, kt, k, kb,
-                                   full, policy, True)
+                                   row_src[j] + koff, row_sc[j], uoff, sbytes, kb, full, policy, True)
             if lane < vtok:
-                tok = tok0 + lane
                 self._copy_row(base + cfg.a_off + lane * cfg.pitch, base + cfg.as_off + lane * cfg.groups * 4,
-                               a_base + Int64(tok) * row_bytes + koff, as_base, tok, kt, k, kb,
-                               full, policy, False)
+                               tok_src + koff, tok_sc, uoff, sbytes, kb, full, policy, False)
             dp.cp_async_mbar_arrive_noinc(full)
 
     # ------------------------------------------------------------------ consumer warps
