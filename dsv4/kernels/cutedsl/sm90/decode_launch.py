@@ -110,14 +110,20 @@ class DecodeGemm:
         self._num_sms: int | None = None
 
     @staticmethod
+    def _aligned(req) -> bool:
+        return all(op.packed.data_ptr() % 16 == 0 and op.scales.data_ptr() % 4 == 0 for op in (req.a, req.b))
+
+    @staticmethod
     def supports(req: GemmRequest) -> bool:
-        return isinstance(req, GemmRequest) and 1 <= req.a.rows <= MAX_TOKENS and req.a.k % 32 == 0
+        """Dense, 1..16 tokens, K % 32 == 0, 16-byte aligned packed data (else: the generic kernel)."""
+        return (isinstance(req, GemmRequest) and 1 <= req.a.rows <= MAX_TOKENS and req.a.k % 32 == 0
+                and DecodeGemm._aligned(req))
 
     @staticmethod
     def supports_grouped(req: GroupedGemmRequest, max_rows_per_expert: float = 16.0) -> bool:
         """Decode-sized routing (few rows per expert on average; any routing is computed correctly)."""
         e = max(req.num_experts, 1)
-        return (isinstance(req, GroupedGemmRequest) and req.a.k % 32 == 0
+        return (isinstance(req, GroupedGemmRequest) and req.a.k % 32 == 0 and DecodeGemm._aligned(req)
                 and req.a.rows <= max_rows_per_expert * min(e, max(req.a.rows, 1)))
 
     def _sms(self) -> int:
