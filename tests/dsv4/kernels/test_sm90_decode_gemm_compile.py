@@ -26,6 +26,7 @@ VARIANTS = {
     "n16_w8_s8": dict(ntok=16, consumer_warps=8, stages=8),
     "n8_rows64_swiglu": dict(ntok=8, rows=64, swiglu=True),
     "grouped_n8_swiglu": dict(ntok=8, grouped=True, swiglu=True),
+    "n16_rows256_s4": dict(ntok=16, rows=256, stages=4),
     "grouped_n16": dict(ntok=16, grouped=True),
 }
 

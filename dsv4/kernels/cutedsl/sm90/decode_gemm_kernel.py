@@ -4,8 +4,8 @@
 MoE form (expert e's rows ``offsets[e]:offsets[e+1]`` of a times expert e's weights, alpha[e]),
 token tiles per expert scheduled on the device (grid.z slots, as gemm_kernel.py).
 
-CTA = one producer warp + ``consumer_warps`` (4 or 8) consumer warps; it owns ``rows`` (128 or 64)
-weight rows (``swiglu``: rows/2 gate rows + the matching rows/2 up rows) x all M tokens x a K
+CTA = one producer warp + ``consumer_warps`` (4 or 8) consumer warps; it owns ``rows`` (64, 128 or
+256) weight rows (``swiglu``: rows/2 gate rows + the matching rows/2 up rows) x all M tokens x a K
 range (split-K over ``gridDim.y``). Per k-tile (``bk`` = 128 or 256 elements of K):
 
 * producer warp: waits for the ring stage to be empty (mbarrier), then lane 0 arms the stage's
@@ -56,7 +56,7 @@ class DecodeConfig:
     stages: int = 4
     consumer_warps: int = 4  # 4 or 8
     swiglu: bool = False
-    rows: int = 128  # weight rows per CTA: 128 or 64 (64 consumer-warp rows per row group)
+    rows: int = 128  # weight rows per CTA: 64, 128 or 256 (64 consumer-warp rows per row group)
     grouped: bool = False  # MoE: token tiles of each expert scheduled from the offsets (grid.z)
 
     @property
@@ -122,7 +122,8 @@ class DecodeConfig:
         assert self.ntok in (8, 16), self.ntok
         assert self.bk in (128, 256), self.bk
         assert self.consumer_warps in (4, 8), self.consumer_warps
-        assert self.rows in (64, 128), self.rows
+        assert self.rows in (64, 128, 256), self.rows
+        assert self.consumer_warps % self.row_groups == 0, "every row group needs its warps"
         assert self.stages >= 2
         assert self.phases * self.rows * self.ld * 4 <= self.stages * self.stage_bytes, "epilogue tile"
         assert self.smem_bytes() <= 227 * 1024, self.smem_bytes()

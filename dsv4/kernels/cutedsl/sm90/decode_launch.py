@@ -9,7 +9,7 @@ optional SwiGLU, BF16 out) with a different, fixed (deterministic) FP32 summatio
 Wiring (for the backend): ``if DecodeGemm.supports(req): return self._decode(req)`` at the top of
 ``Sm90Backend.gemm`` (and ``supports_grouped`` / ``grouped`` in ``grouped_gemm``).
 
-Launch plan: 128 weight rows per CTA (64 output columns with SwiGLU; ``rows=64`` halves both),
+Launch plan: 128 weight rows per CTA (64 output columns with SwiGLU; ``rows=64`` / ``256`` scale both),
 split-K so that ``tiles * splits * slots`` covers ``ctas_per_sm`` CTAs on every SM (no empty split).
 """
 from __future__ import annotations
