@@ -80,10 +80,14 @@ def current() -> World:
     return World()
 
 
-def init(device: str) -> tuple[World, str]:
+def init(device: str, *, shared_gpus: bool = False) -> tuple[World, str]:
     """Join the launch's process group if ``WORLD_SIZE`` > 1 (once per process) and return the world
     and this rank's device: ``cuda`` becomes ``cuda:LOCAL_RANK``; an explicit ``cuda:N`` under a
-    multi-rank launch is bad input (each rank owns its local GPU)."""
+    multi-rank launch is bad input (each rank owns its local GPU).
+
+    ``shared_gpus``: for runs whose ranks exchange Python objects only (prompt shards of a launch-bound
+    tiny model), more local ranks than GPUs is allowed: rank r uses ``cuda:(LOCAL_RANK % GPUs)`` and the
+    process group is gloo (NCCL refuses two ranks on one GPU)."""
     import torch
     import torch.distributed as dist
 
@@ -92,20 +96,25 @@ def init(device: str) -> tuple[World, str]:
     if not w.active:
         return w, device
     kind = torch.device(device).type
+    backend = "gloo"
     if kind == "cuda":
-        idx = torch.device(device).index
-        if idx is not None and idx != w.local_rank:
-            raise ParityInputError(f"--device {device}: under torchrun each rank uses cuda:LOCAL_RANK; expected "
-                                   f"'cuda' or 'cuda:{w.local_rank}' on local rank {w.local_rank}, found {device!r}")
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if w.local_rank >= count:
+        local_size = _env_int("LOCAL_WORLD_SIZE", w.size)
+        share = shared_gpus and count > 0 and local_size > count
+        gpu = w.local_rank % count if share else w.local_rank
+        idx = torch.device(device).index
+        if idx is not None and idx != gpu:
+            raise ParityInputError(f"--device {device}: under torchrun each rank uses its local GPU; expected "
+                                   f"'cuda' or 'cuda:{gpu}' on local rank {w.local_rank}, found {device!r}")
+        if gpu >= count:
             raise ParityInputError(f"torchrun: expected a GPU per local rank, found local rank {w.local_rank} "
                                    f"on a machine with {count} CUDA device(s)")
-        device = f"cuda:{w.local_rank}"
+        device = f"cuda:{gpu}"
         torch.cuda.set_device(device)
+        backend = "gloo" if share else "nccl"
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if kind == "cuda" else "gloo", timeout=TIMEOUT)
-        _OBJECTS_GROUP = dist.new_group(backend="gloo", timeout=TIMEOUT) if kind == "cuda" else None
+        dist.init_process_group(backend=backend, timeout=TIMEOUT)
+        _OBJECTS_GROUP = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend == "nccl" else None
     return current(), device
 
 

@@ -106,9 +106,15 @@ def main(argv: Sequence[str] | None = None, console: Any = None) -> int:
         from ..records import atomic_write_json, json_safe
         from .judge import judge
         from .report import render, summary
-        from .run import COLUMNS, DraftSpec, run_draft_parity
+        from .run import COLUMNS, DraftSpec
 
-        device = parse_device(args.device)
+        from ..distributed import init, quiet_console
+        from .sharded import run_draft_parity_sharded
+
+        # under torchrun the prompts spread over the ranks, several ranks per GPU allowed (sharded.py)
+        world, device = init(parse_device(args.device), shared_gpus=True)
+        if not world.main:
+            console = quiet_console()
         plan = resolve_run_plan(args.plan, args.checkpoint)
         columns = [c.strip() for c in args.columns.split(",") if c.strip()]
         if not columns or any(c not in COLUMNS for c in columns):
@@ -120,13 +126,13 @@ def main(argv: Sequence[str] | None = None, console: Any = None) -> int:
                                  src.config.vocab_size)
         spec = DraftSpec(source=src, prompts=prompts, plan=plan, profile=args.profile, backend=args.backend,
                          device=device, n_tokens=args.tokens, columns=columns, act_scale=args.act_scale)
-        result = run_draft_parity(spec, _progress)
+        result = run_draft_parity_sharded(spec, _progress if world.main else None)
         verdict = judge(result, args.rules)
         console.print(f"checkpoint {src.spec} ({src.config_name}, fingerprint {src.fingerprint[:12]}), plan "
                       f"{plan.name}, reference profile {args.profile}, {len(prompts)} {args.mode} prompts, "
                       f"{args.tokens} tokens each")
         render(console, result, verdict)
-        if args.json:
+        if args.json and world.main:
             atomic_write_json(args.json, json_safe(summary(result, verdict)))
         return EXIT_PASS if verdict.passed else EXIT_FAIL
 

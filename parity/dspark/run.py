@@ -54,6 +54,9 @@ class DraftSpec:
     columns: Sequence[str] = COLUMNS
     # tests and the bug zoo replace how a side is built (e.g. a native side with a fault patched in)
     build_side: Callable[..., Side] | None = None
+    # a rank of a sharded run (sharded.py) whose prompts do not start with the run's first: its draft
+    # calls are replayed first, unjudged, so that frozen activation scales are those of one process
+    freeze_prompt: EncodedPrompt | None = None
 
 
 @dataclass
@@ -109,6 +112,9 @@ def run_column(spec: DraftSpec, column: str, kernel: str | None, progress: Progr
     anchor, test = make_anchor(), make_test()
     run = ColumnRun(column, anchor.label, test.label, True)
     c = spec.source.config
+    if spec.freeze_prompt is not None:
+        progress(f"{column}: replaying {spec.freeze_prompt.id}'s draft calls (frozen scales of one process)")
+        _draft_calls(anchor, test, spec.freeze_prompt.tensor())
     floor = column == "floor"
     auditor = None
     if column == "bug_budget":
@@ -124,10 +130,7 @@ def run_column(spec: DraftSpec, column: str, kernel: str | None, progress: Progr
             ids = p.tensor()
             if auditor is not None:
                 auditor.prompt_id = p.id
-            a = capture(anchor, ids)
-            tests = {"propagated": capture(test, ids, anchor_token=a.anchor_token, forced=a.tokens),
-                     "isolated": capture(test, ids, main_hidden=a.main_hidden, anchor_token=a.anchor_token,
-                                         forced=a.tokens)}
+            a, tests = _draft_calls(anchor, test, ids)
             for mode, t in tests.items():
                 for row in compare_captures(a, t, n_layers=c.num_hidden_layers, stages=c.dspark_stages,
                                             near_tie=spec.floor_near_tie if floor else spec.near_tie,
@@ -150,6 +153,14 @@ def run_column(spec: DraftSpec, column: str, kernel: str | None, progress: Progr
     anchor.release()
     test.release()
     return run
+
+
+def _draft_calls(anchor: Side, test: Side, ids: torch.Tensor) -> tuple[Any, dict[str, Any]]:
+    """A prompt's three draft calls, in this order (the first calls of a column set its frozen scales)."""
+    a = capture(anchor, ids)
+    return a, {"propagated": capture(test, ids, anchor_token=a.anchor_token, forced=a.tokens),
+               "isolated": capture(test, ids, main_hidden=a.main_hidden, anchor_token=a.anchor_token,
+                                   forced=a.tokens)}
 
 
 def rows_frame(result: DraftParityResult) -> Any:
