@@ -275,7 +275,7 @@ def _merge_audit(audits: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"calls": sum(a["calls"] for a in audits), "violations": sum(a["violations"] for a in audits),
             "violating_calls": sum(a["violating_calls"] for a in audits),
             "worst_ratio": max(a["worst_ratio"] for a in audits), "first": firsts[0] if firsts else None,
-            "errors": [e for a in audits for e in a["errors"]]}
+            "errors": [e for a in audits for e in a["errors"]], "captured": sum(a.get("captured", 0) for a in audits)}
 
 
 def quiet_console() -> Any:

@@ -101,6 +101,10 @@ def _to_host(obj: Any) -> Any:
     return obj
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 @dataclass
 class CallAuditor:
     """Audits every kernel call of the models it is attached to. ``prompt_id`` labels what follows."""
@@ -112,8 +116,15 @@ class CallAuditor:
     kept: list[KeptCall] = field(default_factory=list)
     call_counts: Counter = field(default_factory=Counter)
     errors: list[str] = field(default_factory=list)
+    # calls made while a CUDA graph was being captured: nothing has run yet (the kernels are recorded,
+    # not executed) and a replay would need host reads the capture forbids; the graph's replays then
+    # launch no Python call. Counted, never judged.
+    captured: int = 0
 
     def __call__(self, call: KernelCall) -> None:
+        if _capturing():
+            self.captured += 1
+            return
         index = self.call_counts[(call.module, call.op)]     # the n-th call of this op by this module
         self.call_counts[(call.module, call.op)] += 1
         tally = self.tallies.setdefault((self.prompt_id, call.module, call.component), _Tally())
@@ -184,4 +195,4 @@ class CallAuditor:
                 "violating_calls": len(self.violations),
                 "worst_ratio": max((t.worst_ratio for t in self.tallies.values()), default=0.0),
                 "first": self.violations[0].summary() if self.violations else None,
-                "errors": list(self.errors)}
+                "errors": list(self.errors), "captured": self.captured}

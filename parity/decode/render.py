@@ -138,5 +138,7 @@ def audit_report(console: Any, auditor: Any, backend: str) -> None:
     for e in auditor.errors[:10]:
         console.print(f"ERROR {e}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"kernel audit on {backend}: {s['calls']} calls, {s['violating_calls']} violating, "
-                  f"{len(s['errors'])} not replayable -> {'PASS' if auditor.passed else 'FAIL'}",
+                  f"{len(s['errors'])} not replayable"
+                  + (f", {s['captured']} made inside CUDA-graph captures (recorded, not run: not judged)"
+                     if s.get("captured") else "") + f" -> {'PASS' if auditor.passed else 'FAIL'}",
                   markup=False, highlight=False, soft_wrap=True)

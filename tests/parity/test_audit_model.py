@@ -106,3 +106,22 @@ def test_run_cli_writes_repros_of_a_violating_backend(tiny, tmp_path, capsys) ->
     files = sorted((tmp_path / "repros").glob("*.safetensors"))
     assert files and f"repro files ({len(files)})" in out and "VIOLATION layers.0." in out
     assert "Traceback" not in out and "internal error" not in out
+
+
+def test_calls_inside_a_cuda_graph_capture_are_counted_not_judged(tiny, ids, monkeypatch) -> None:
+    """During a capture the kernels are recorded, not run, and the replay's host reads are forbidden: such
+    calls are counted apart (never an error, never a violation); the next call outside a capture is judged."""
+    import parity.audit.auditor as auditor_mod
+
+    with installed(ACT_SCALE) as name:            # a faulty backend: a judged call would be a violation
+        model = load_model(str(tiny.path), plan="default", backend=name)
+        auditor = CallAuditor()
+        with auditor.attached(model):
+            monkeypatch.setattr(auditor_mod, "_capturing", lambda: True)
+            model(ids)
+            captured = auditor.captured
+            assert captured > 50 and auditor.calls == 0 and auditor.passed
+            monkeypatch.setattr(auditor_mod, "_capturing", lambda: False)
+            model(ids)
+    assert auditor.captured == captured and auditor.calls > 50 and not auditor.passed
+    assert auditor.summary()["captured"] == captured
