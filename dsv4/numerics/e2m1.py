@@ -40,9 +40,9 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
     # backend encodes every activation; on a GPU each small kernel costs a launch).
     edges = device_lut(f"e2m1_edges_{v.dtype}", v.device, lambda: _edges(v.dtype))
     mag = torch.bucketize(a, edges, right=True).to(torch.uint8)
-    mag = torch.where(torch.isnan(a), torch.full_like(mag, 7), mag)
-    sign = (torch.signbit(v) & ~torch.isnan(v)).to(torch.uint8) << 3
-    return mag | sign
+    # the sign bit is kept (-0.0 -> code 8); NaN gives code 7 whatever its sign
+    mag = torch.where(torch.signbit(v), mag | 0x08, mag)
+    return torch.where(torch.isnan(v), torch.full_like(mag, 7), mag)
 
 
 def _edges(dtype: torch.dtype) -> torch.Tensor:

@@ -29,6 +29,29 @@ def e4m3_encode(x: torch.Tensor) -> torch.Tensor:
     check_float(x, "e4m3_encode input")
     v = x.to(torch.float32)
     a = v.abs().clamp(max=E4M3_MAX)  # NaN stays NaN and is replaced below
+    # Bytes 0x00..0x7E are the non-negative values in increasing order, so the byte of a is the
+    # number of rounding edges at or below it: one bucketize over the 126 midpoints, each moved to
+    # nextafter(mid) where the tie belongs to the lower (even) byte. :func:`e4m3_encode_arith` is
+    # the same rounding from the bit pattern (the table's check); one kernel instead of a dozen.
+    edges = device_lut("e4m3_edges", a.device, _edges)
+    mag = torch.bucketize(a, edges, right=True).to(torch.uint8)
+    # the sign bit is kept (-0.0 -> 0x80); NaN gives 0x7F whatever its sign
+    mag = torch.where(torch.signbit(v), mag | 0x80, mag)
+    return torch.where(torch.isnan(v), torch.full_like(mag, E4M3_NAN_BYTE), mag)
+
+
+def _edges() -> torch.Tensor:
+    vals = e4m3_decode_arith(torch.arange(127, dtype=torch.int32).to(torch.uint8))
+    mids = (vals[:-1] + vals[1:]) / 2          # exact: at most 5 significant bits
+    low_even = (torch.arange(126) % 2) == 0    # a tie between bytes c and c+1 goes to the even one
+    return torch.where(low_even, torch.nextafter(mids, torch.full_like(mids, float("inf"))), mids)
+
+
+def e4m3_encode_arith(x: torch.Tensor) -> torch.Tensor:
+    """:func:`e4m3_encode` from the float32 bit pattern with exact power-of-two arithmetic (the
+    definition the edges of the table-driven encoder are checked against)."""
+    v = x.to(torch.float32)
+    a = v.abs().clamp(max=E4M3_MAX)
     # Binade of a: a in [2^(p-1), 2^p). Zero and every fp32 subnormal give p = -126; clamping p to
     # -5 puts everything below 2^-6 into the E4M3 subnormal range, whose quantum is 2^-9.
     p = ((a.view(torch.int32) >> 23) & 0xFF) - 126

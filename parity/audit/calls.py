@@ -245,7 +245,8 @@ def audit_quant(req: ActQuantRequest, got: FP4Operand) -> CallCheck:
         return check
     delta = 0.0 if req.rms_weight is None else rmsnorm_delta(k) + 2 * U32
     g_k = got.global_scale.to(torch.float32).reshape(())
-    if delta == 0 and _bit_identical(req, y, got, g_k, m, k):
+    # with a fused norm the step-by-step judgement's expected values are the exact-recipe roundings
+    if _bit_identical(req, y, got, g_k, m, k, req.recipe if delta == 0 else "exact"):
         check.elements += 1 + m * (k // 16) + m * k     # what the step-by-step path counts, all clean
         return check
     if req.global_scale is not None:
@@ -280,13 +281,15 @@ def audit_quant(req: ActQuantRequest, got: FP4Operand) -> CallCheck:
 
 
 def _bit_identical(req: ActQuantRequest, y: torch.Tensor, got: FP4Operand, g_k: torch.Tensor, m: int,
-                   k: int) -> bool:
-    """Without a fused norm every step is exact: when the kernel's (finite, positive) global scale, block-scale bytes and
-    code bytes all equal the oracle's, the step-by-step judgement below finds nothing (same verdict,
-    one host read instead of five). Any difference, -0 vs +0 included, takes the step-by-step path."""
+                   k: int, recipe: str) -> bool:
+    """When the kernel's (finite, positive) global scale, block-scale bytes and code bytes all equal the
+    oracle's, the step-by-step judgement below finds nothing: without a fused norm it requires exactly
+    these bytes; with one, the oracle's own roundings lie inside every interval it allows (rounding is
+    monotone) and the global scale inside its bound. Same verdict, one host read instead of five or
+    more. Any difference, -0 vs +0 included, takes the step-by-step path."""
     g_o = req.global_scale.to(torch.float32).reshape(()) if req.global_scale is not None \
         else nvfp4_runtime_global_scale(y)
-    p_o, s_o, _ = nvfp4_quantize(y, g_k, recipe=req.recipe)
+    p_o, s_o, _ = nvfp4_quantize(y, g_k, recipe=recipe)
     s_k = linear_scales(got, rows=m).reshape(m, k // 16)
     same = torch.stack([(g_o == g_k) & (g_k > 0) & torch.isfinite(g_k),
                         (p_o == got.packed).all(),

@@ -152,13 +152,19 @@ def test_calls_on_the_gpu_are_replayed_there() -> None:
     assert audit_quant(req, be.quantize_activation(req)).violations == 0
 
 
-def test_bit_identical_quant_takes_the_short_path_with_the_same_count(monkeypatch) -> None:
-    """A clean call judged by the one-read byte comparison counts the elements the step-by-step
-    judgement counts; a -0 code where the oracle has +0 leaves the short path and is no violation."""
+@pytest.mark.parametrize("rms", [False, True])
+def test_bit_identical_quant_takes_the_short_path_with_the_same_count(monkeypatch, rms: bool) -> None:
+    """A clean call judged by the one-read byte comparison (with or without a fused norm) counts the
+    elements the step-by-step judgement counts; a -0 code where the oracle has +0 leaves the short path
+    and is no violation."""
     import parity.audit.calls as calls
 
-    req, a = _act(4, 64, 11)
+    req, a = _act(4, 64, 11, rms=rms)
+    taken = []
+    real = calls._bit_identical
+    monkeypatch.setattr(calls, "_bit_identical", lambda *a, **k: taken.append(real(*a, **k)) or taken[-1])
     fast = audit_quant(req, a)
+    assert taken == [True]
     monkeypatch.setattr(calls, "_bit_identical", lambda *a, **k: False)
     slow = audit_quant(req, a)
     assert fast.passed and slow.passed and fast.elements == slow.elements == 1 + 4 * 4 + 4 * 64

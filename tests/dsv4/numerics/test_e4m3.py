@@ -65,3 +65,16 @@ def test_ue8m0_decode_every_byte() -> None:
     # torch's own e8m0 dtype reads the same bytes the same way
     assert same_values(got, u.view(torch.float8_e8m0fnu).float())
     assert same_values(ue8m0_decode(u.view(torch.float8_e8m0fnu)), got)
+
+
+def test_table_encoder_equals_the_bit_pattern_definition() -> None:
+    """The bucketize encoder (126 edges) against the exact power-of-two arithmetic it replaced, on every
+    257th float32 bit pattern of both signs (infinities, NaNs and subnormals included) and each edge's
+    neighbours."""
+    from dsv4.numerics.e4m3 import _edges, e4m3_encode_arith
+
+    xs = torch.arange(0, 2**31 - 1, 257, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    e = _edges()
+    near = torch.cat([e, torch.nextafter(e, torch.zeros_like(e)), torch.nextafter(e, torch.full_like(e, 1e9))])
+    for x in (xs, -xs, near, -near):
+        assert torch.equal(e4m3_encode(x), e4m3_encode_arith(x))
