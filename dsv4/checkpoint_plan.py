@@ -7,7 +7,8 @@ class (``dsv4.probes.PLAN_CLASSES``): every main-layer weight NVFP4 -> ``fp4``, 
 BF16 -> ``bf16``. A class stored in two formats cannot be one plan entry: that is an error naming one
 module of each. Contradictions with a user's plan (each an error naming the module):
 
-* a plan that quantizes (fp4/fp8) a module the quantization config excludes;
+* a plan that quantizes (fp4/fp8) a module the quantization config excludes, beyond the format it is
+  stored in (an excluded FP8-block module may run fp8: NVIDIA's release ignores its FP8 attention);
 * a plan that re-quantizes an NVFP4-stored module into FP8 (a second, lossy rounding).
 
 Upcasting (plan ``bf16`` for NVFP4-stored weights) is allowed: it is exact.
@@ -69,9 +70,12 @@ def check_plan_against_checkpoint(plan: PrecisionPlan, reader: Any) -> None:
         want = plan[cls]
         for full, kind in fmts.items():
             pat = qc.excludes(hf_names.get(full, full))   # the layout's own module names
-            if pat is not None and want in ("fp4", "fp8"):
+            # excluded = left by the quantizer as stored: NVIDIA's MIXED_PRECISION release ignores its
+            # FP8-block attention / shared experts, so fp8 there is the checkpoint itself, not a requantization
+            if pat is not None and want in ("fp4", "fp8") and want != _PLAN_OF_STORED.get(kind):
+                keep = "fp8 (as stored) or bf16" if kind == "fp8_block" else "bf16"
                 raise PlanError(f"plan {plan.name}: {cls}={want} quantizes {full}, which the checkpoint's "
-                                f"{qc.source} excludes ({pat!r}); expected bf16 for {cls}")
+                                f"{qc.source} excludes ({pat!r}); expected {keep} for {cls}")
             if kind == "nvfp4" and want == "fp8":
                 raise PlanError(f"plan {plan.name}: {cls}=fp8 re-quantizes {full}, stored NVFP4 in the "
                                 f"checkpoint; expected fp4 (as stored) or bf16 (exact upcast)")

@@ -100,12 +100,18 @@ _ALWAYS_BF16_GLOBS = ("*.ffn.gate", "*.compressor.*", "*.indexer.weights_proj", 
 def layout_quant_files(layout: Any, c: DSV4Config) -> dict[str, Any]:
     """Files (and the ``quantization_config`` entry) a synthetic checkpoint of ``layout`` carries."""
     if layout.quant_method == "modelopt":   # NVIDIA's release: FP8 trunk kept, NVFP4 routed experts
+        # the keys NVIDIA's config.json is checked to carry (published/nvidia-flash-nvfp4-preflight):
+        # producer modelopt / dsv4-nvfp4-experts, MIXED_PRECISION + moe_quant_algo NVFP4, group 16, 'mtp.*'
+        # ignored, and one quantized_layers entry per main layer's routed experts
+        producer = {"name": "modelopt", "version": "dsv4-nvfp4-experts"}
+        layers = {f"layers.{i}.ffn.experts": {"group_size": 16, "quant_algo": "NVFP4"}
+                  for i in range(c.num_hidden_layers)}
         q = {"quant_algo": "MIXED_PRECISION", "moe_quant_algo": "NVFP4", "group_size": 16,
-             "exclude_modules": ["mtp.*", *_ALWAYS_BF16_GLOBS]}
+             "kv_cache_quant_algo": None, "quantized_layers": layers, "exclude_modules": ["mtp.*", *_ALWAYS_BF16_GLOBS]}
         qc = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "activation_scheme": "dynamic",
-              "weight_block_size": [128, 128], "producer": {"name": "modelopt"}, **q,
-              "ignore": q["exclude_modules"]}
-        return {"quantization_config": qc, HF_QUANT_FILE: {"producer": {"name": "modelopt"}, "quantization": q}}
+              "weight_block_size": [128, 128], "producer": producer, **q, "ignore": q["exclude_modules"]}
+        qc.pop("exclude_modules")   # config.json spells the list 'ignore', hf_quant_config.json 'exclude_modules'
+        return {"quantization_config": qc, HF_QUANT_FILE: {"producer": producer, "quantization": q}}
     if layout.quant_method == "compressed-tensors":
         scheme = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}
         return {"quantization_config": {
