@@ -51,10 +51,10 @@ run_part() {
     step decode_graphs 90 python3 -m parity.decode --teacher-forced --tokens 64 --prompt chat-capital --device cuda \
         --backend cutedsl_sm90 --graphs --json "$RES/decode64_graphs.json" ;;
   dspark)
-    for m in chat thinking; do
-      step "dspark_$m" 180 python3 -m torch.distributed.run --standalone --nproc-per-node "${DSV4_DSPARK_RANKS:-5}" \
-          -m parity.dspark --mode "$m" --device cuda --backend cutedsl_sm90 --json "$RES/dspark_$m.json"
-    done ;;
+    step dspark_chat 180 python3 -m torch.distributed.run --standalone --nproc-per-node "${DSV4_DSPARK_RANKS:-5}" \
+        -m parity.dspark --mode chat --device cuda --backend cutedsl_sm90 --json "$RES/dspark_chat.json"
+    step dspark_thinking 180 python3 -m torch.distributed.run --standalone --nproc-per-node "${DSV4_DSPARK_RANKS:-5}" \
+        -m parity.dspark --mode thinking --device cuda --backend cutedsl_sm90 --json "$RES/dspark_thinking.json" ;;
   zoo)
     step zoo_kernel_faults 300 python3 -m parity.bugzoo --device cuda --backend cutedsl_sm90 \
         --fault kernel_weight_scale_neighbour --fault kernel_ktail_tile_dropped --fault kernel_tile_row_unwritten \

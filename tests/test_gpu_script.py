@@ -22,8 +22,11 @@ def module_steps() -> list[tuple[str, list[str]]]:
     steps = []
     for m in re.finditer(r"python3 -m ([\w.]+)([^\n;]*)", text):   # a step ends at its line or a ;;
         if m.group(1) != "pytest":
-            words = shlex.split(m.group(2))
-            steps.append((m.group(1), ["/tmp/placeholder" if w.startswith("$") else w for w in words]))
+            module, words = m.group(1), shlex.split(m.group(2))
+            if module == "torch.distributed.run":       # torchrun's own options, then `-m MODULE args`
+                i = words.index("-m")
+                module, words = words[i + 1], words[i + 2:]
+            steps.append((module, ["/tmp/placeholder" if w.startswith("$") else w for w in words]))
     return steps
 
 

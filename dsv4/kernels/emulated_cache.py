@@ -53,7 +53,7 @@ class DecodeCache:
         versions = (_version(packed), _version(scales))
         ent = self._entries.get(key)
         if ent is not None:
-            pref, sref, vers, value = ent
+            pref, sref, vers, value, _ = ent
             if pref() is packed and sref() is scales and vers == versions and None not in versions:
                 self.hits += 1
                 return value
@@ -63,14 +63,15 @@ class DecodeCache:
         size = value.numel() * value.element_size()
         if None not in versions and self.used + size <= self.budget:
             drop = lambda _ref, k=key, c=weakref.ref(self): c() is not None and c()._evict(k)  # noqa: E731
-            self._entries[key] = (weakref.ref(packed, drop), weakref.ref(scales, drop), versions, value)
+            self._entries[key] = (weakref.ref(packed, drop), weakref.ref(scales, drop), versions, value, size)
             self.used += size
         return value
 
     def _evict(self, key: tuple) -> None:
+        # runs from weak-reference callbacks, also at interpreter exit: plain Python only, no tensor call
         ent = self._entries.pop(key, None)
         if ent is not None:
-            self.used -= ent[3].numel() * ent[3].element_size()
+            self.used -= ent[4]
 
     def clear(self) -> None:
         self._entries.clear()
