@@ -6,7 +6,8 @@ by the synthetic writer for the layouts that carry them.
   "exclude_modules": [...]}}``, mirrored in ``config.json`` ``quantization_config``
   (spec dsv4-architecture.md §2.4, nvfp4-and-kernels.md §3.4).
 * compressed-tensors: ``config.json`` ``quantization_config`` ``{"quant_method":
-  "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {...}, "ignore": [...]}``;
+  "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {...}, "ignore": [...]}``, or
+  ``"format": "mixed-precision"`` with per-group formats (NVFP4 experts + ``float-quantized`` FP8 block);
   ``re:`` entries are regular expressions, the others module names or globs.
 
 Compute-free (no torch): the reference may import it.
@@ -68,11 +69,16 @@ def read_quant_config(base: Path, config_dict: Mapping[str, Any] | None) -> Quan
     method = q.get("quant_method")
     if method == "compressed-tensors":
         fmt = str(q.get("format", ""))
-        if "nvfp4" not in fmt:
-            raise CheckpointError(f"{src}: compressed-tensors format: expected 'nvfp4-pack-quantized', found "
-                                  f"{fmt!r} (other compressed-tensors schemes are not DeepSeek-V4 NVFP4)")
-        groups = [g.get("weights", {}) for g in (q.get("config_groups") or {}).values() if isinstance(g, Mapping)]
-        gs = next((int(w["group_size"]) for w in groups if "group_size" in w), 16)
+        groups = [g for g in (q.get("config_groups") or {}).values() if isinstance(g, Mapping)]
+        # an NVFP4 + FP8-block export (RedHat's, canada-quant's) says "mixed-precision" at the top and
+        # each group's own format: its NVFP4 group is the one that makes it a DeepSeek-V4 NVFP4 checkpoint
+        nvfp4 = [g for g in groups if "nvfp4" in str(g.get("format", fmt))]
+        if "nvfp4" not in fmt and not (fmt == "mixed-precision" and nvfp4):
+            raise CheckpointError(f"{src}: compressed-tensors format: expected 'nvfp4-pack-quantized' (or "
+                                  f"'mixed-precision' with an nvfp4-pack-quantized group), found {fmt!r} (other "
+                                  f"compressed-tensors schemes are not DeepSeek-V4 NVFP4)")
+        weights = [g.get("weights") or {} for g in (nvfp4 or groups)]
+        gs = next((int(w["group_size"]) for w in weights if w.get("group_size")), 16)
         return QuantConfig("compressed-tensors", fmt, gs, tuple(q.get("ignore") or ()), src)
     if method == "modelopt" or "quant_algo" in q or q.get("producer"):
         return _modelopt(q, src, producer="modelopt")
