@@ -66,7 +66,8 @@ def test_decode_gemm_ptx_census(builds, name):
     assert "wgmma" not in ptx
     # decode: one mul.rn.f16x2 per f16x2 word; (8 weight rows + nt tokens) x 4 words x 4 per quad
     assert ptx.count("mul.rn.f16x2") == (8 + cfg.nt) * 4 * 4 * cfg.qpt
-    assert ptx.count("prmt.b32 t, m0, 0, 0x1404") == (8 + cfg.nt) * 4 * cfg.qpt  # decode8_pairs
+    assert ptx.count("lop3.b32 t, a, xo, 0x8E008E00, 0xA8;") == (8 + cfg.nt) * 4 * cfg.qpt  # DECODE8_REBIAS
+    assert "prmt.b32 t, m0, 0, 0x1404" not in ptx  # the former table decode is gone
     assert not re.search(r"mul(\.[a-z0-9]+)*\.ftz[a-z0-9.]*\.f16x2", ptx)
     assert re.search(r"cvt\.rn\.f16x2\.e4m3x2", ptx)
     assert not re.search(r"cvt\.[a-z0-9.]*e2m1x2", ptx) and "tcgen05" not in ptx
@@ -76,6 +77,58 @@ def test_decode_gemm_ptx_census(builds, name):
     assert re.search(r"atom\.[a-z_.]*add", ptx)
     assert not re.search(r"\b(ld|st)\.local\b", ptx)
     assert cfg.smem_bytes() <= 227 * 1024
+    # the accumulators leave the registers times 2^28 (both operands were decoded times 2^-14)
+    assert len(re.findall(r"mul\.rn\.f32 t, %r\d+, 0f4D800000;", ptx)) == 4 * cfg.nt * 4
+
+
+def consumer_loop_census(ptx: str) -> dict[str, int]:
+    """PTX instructions of the consumer's main loop (one k-tile of one consumer warp), by opcode:
+    the loop around the mma.sync instructions, inline-asm bodies included."""
+    lines = ptx.splitlines()
+    mmas = [i for i, line in enumerate(lines) if "mma.sync" in line]
+    body = None
+    for i in range(mmas[0], -1, -1):
+        m = re.match(r"^(\$L__BB\d+_\d+):", lines[i].strip())
+        if m:
+            back = [j for j in range(mmas[-1], len(lines))
+                    if re.search(r"bra(\.uni)?\s+" + re.escape(m.group(1)) + ";", lines[j])]
+            if back:
+                body = lines[i:back[0] + 1]
+                break
+    assert body is not None, "no consumer loop"
+    counts: dict[str, int] = {}
+    for line in body:
+        t = line.strip()
+        if not t or t.startswith(("//", ".reg", ".pragma", "{", "}", "$L", "DSV4")) or t.endswith(":"):
+            continue
+        op = re.sub(r"^@!?%?\w+\s+", "", t).split()[0].rstrip(";")
+        counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+# consumer-loop PTX instructions per k-tile before the rebias decode (commit 0c4c3a4), for the report
+CENSUS_BEFORE = {"n8_bk256": 1447, "n16_bk256": 1663}
+
+
+@needs_cutlass
+@pytest.mark.parametrize("name", ["n8_bk256", "n16_bk256"])
+def test_decode_gemm_consumer_census(builds, name, capsys):
+    """Instructions per weight element of the consumer loop: 15 per 8 codes (11 integer + 4 f16x2
+    multiplies) instead of 17, the scale and address work hoisted."""
+    cfg, ptx = builds[name]
+    c = consumer_loop_census(ptx)
+    total = sum(c.values())
+    words = (8 + cfg.nt) * 4 * cfg.qpt  # decoded 32-bit words per lane and k-tile
+    assert c["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"] == 4 * cfg.nt * 2 * 4 * cfg.qpt
+    assert c["mul.rn.f16x2"] == 4 * words
+    assert c.get("prmt.b32", 0) <= 4 * (8 + cfg.nt)  # only the scale broadcasts
+    overhead = total - 15 * words - c["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
+    assert overhead <= 8 * (8 + cfg.nt) + 40, (overhead, c)
+    per_elem = total * 32 / (64 * cfg.bk)  # thread-instructions per weight element
+    with capsys.disabled():
+        print(f"\n[{name}] consumer loop: {total} PTX instructions per k-tile and warp "
+              f"(before: {CENSUS_BEFORE[name]}), {per_elem:.2f} per weight element; "
+              + ", ".join(f"{k} {v}" for k, v in sorted(c.items(), key=lambda kv: -kv[1])))
 
 
 @needs_cutlass
@@ -213,3 +266,104 @@ def test_decode8_pairs_ptx_is_bit_exact_and_equals_the_wgmma_kernels_values():
             old = _run_ptx(ptx._DECODE8, [x, scale_word], 4)
             halves = sorted(struct.unpack("<8H", struct.pack("<4I", *out)))
             assert halves == sorted(struct.unpack("<8H", struct.pack("<4I", *old)))
+
+
+# ----------------------------------------------------------------------------- exhaustive, vectorized
+def _run_ptx_np(text: str, inputs: list, n_out: int) -> list:
+    """``_run_ptx`` over numpy uint32 arrays (one lane per element)."""
+    import numpy as np
+
+    regs: dict = {}
+    shape = np.broadcast(*[np.asarray(v) for v in inputs]).shape
+
+    def val(tok: str):
+        tok = tok.strip()
+        if tok.startswith("{$r"):
+            return np.broadcast_to(np.asarray(inputs[int(tok[3:-1])], dtype=np.uint32), shape)
+        if tok.startswith("0x") or tok.isdigit():
+            return np.full(shape, int(tok, 0), dtype=np.uint32)
+        return regs[tok]
+
+    def f16(w):
+        return (w & 0xFFFF).astype(np.uint16).view(np.float16), (w >> 16).astype(np.uint16).view(np.float16)
+
+    outs = [None] * n_out
+    for line in text.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        args = [t.strip() for t in rest.split(",")]
+        dst, srcs = args[0], [val(t) for t in args[1:]]
+        if op == "and.b32":
+            r = srcs[0] & srcs[1]
+        elif op == "shr.u32":
+            r = srcs[0] >> srcs[1]
+        elif op == "shl.b32":
+            r = (srcs[0].astype(np.uint64) << srcs[1].astype(np.uint64)).astype(np.uint32)
+        elif op == "lop3.b32":
+            a, b, c, lut = srcs
+            r = np.zeros(shape, dtype=np.uint32)
+            for idx in range(8):
+                if (int(lut.flat[0]) >> idx) & 1:
+                    r |= ((a if idx & 4 else ~a) & (b if idx & 2 else ~b) & (c if idx & 1 else ~c))
+        elif op == "prmt.b32":
+            a, b, c = srcs
+            src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
+            r = np.zeros(shape, dtype=np.uint32)
+            for i in range(4):
+                sel = (c >> (4 * i)) & 0xF
+                byte = np.choose((sel & 7).astype(np.intp), src)
+                byte = np.where(sel & 8, np.where(byte & 0x80, 0xFF, 0), byte).astype(np.uint32)
+                r |= byte << (8 * i)
+        elif op == "mul.rn.f16x2":  # products of two f16 are exact in f32: one rounding to f16
+            (al, ah), (bl, bh) = f16(srcs[0]), f16(srcs[1])
+            lo = (al.astype(np.float32) * bl.astype(np.float32)).astype(np.float16).view(np.uint16)
+            hi = (ah.astype(np.float32) * bh.astype(np.float32)).astype(np.float16).view(np.uint16)
+            r = lo.astype(np.uint32) | (hi.astype(np.uint32) << 16)
+        else:
+            raise AssertionError(f"unexpected PTX op {op}")
+        if dst.startswith("{$w"):
+            outs[int(dst[3:-1])] = r
+        else:
+            regs[dst] = r
+    return outs
+
+
+@needs_cutlass
+def test_rebias_decode_is_exhaustively_bit_exact():
+    """DECODE8_REBIAS, interpreted, for every byte value at every byte position x every finite E4M3
+    block scale (254 bytes: the two NaNs excluded): each f16 half is exactly e2m1 x scale x 2^-14
+    (the emulated decode, sign of zero included) and bit for bit the former decode's half
+    (DECODE8_PAIRS) times 2^-14, in the permuted order REBIAS_ORDER. (Negative scale bytes are
+    included although block scales are never negative.)"""
+    import numpy as np
+    import torch
+
+    from dsv4.kernels.cutedsl.sm90 import decode_ptx
+    from dsv4.numerics import e2m1_decode, e4m3_decode
+
+    j = np.arange(256, dtype=np.uint32)
+    words = j | ((j + 64) % 256) << 8 | ((j + 128) % 256) << 16 | ((j + 192) % 256) << 24  # each byte everywhere
+    sbytes = np.array([b for b in range(256) if b & 0x7F != 0x7F], dtype=np.uint8)
+    scale = e4m3_decode(torch.from_numpy(sbytes).view(torch.float8_e4m3fn)).double().numpy()
+    s16 = scale.astype(np.float16)
+    assert (s16.astype(np.float64) == scale).all()  # cvt.rn.f16x2.e4m3x2 is exact
+    sbits = s16.view(np.uint16).astype(np.uint32)
+    sword = (sbits | sbits << 16)[:, None]  # broadcast f16x2 scale, [scales, 1]
+    x = words[None, :]  # [1, words]
+    new = _run_ptx_np(decode_ptx.DECODE8_REBIAS, [x, sword], 4)
+    old = _run_ptx_np(decode_ptx.DECODE8_PAIRS, [x, sword], 4)
+    halves_new = np.stack([(w >> (16 * h)) & 0xFFFF for w in new for h in (0, 1)]).astype(np.uint16).view(np.float16)
+    halves_old = np.stack([(w >> (16 * h)) & 0xFFFF for w in old for h in (0, 1)]).astype(np.uint16).view(np.float16)
+    codes = torch.from_numpy(((x[None] >> (4 * np.arange(8, dtype=np.uint32))[:, None, None]) & 0xF).astype(np.uint8))
+    e2m1 = e2m1_decode(codes).double().numpy()  # [nibble, 1, words]
+    for i, nib in enumerate(decode_ptx.REBIAS_ORDER):
+        got = halves_new[i]
+        want = e2m1[nib] * scale[:, None] * 2.0 ** -14
+        assert (got.astype(np.float64) == want).all(), i
+        neg = ((x >> (4 * nib + 3)) & 1).astype(bool) ^ np.signbit(s16)[:, None]
+        assert (np.signbit(got) == neg).all(), i  # sign of zero too: code sign xor scale sign
+        ref = (halves_old[nib].astype(np.float64) * 2.0 ** -14).astype(np.float16)  # old order: nibble i
+        assert (got.view(np.uint16) == ref.view(np.uint16)).all(), i
+    assert len(sbytes) * len(words) == 65024

@@ -45,6 +45,9 @@ from . import decode_ptx as dp
 from . import ptx
 
 FULL_ARRIVALS = 1 + 32  # lane 0's arrive.expect_tx + 32 cp.async arrivals
+# Both MMA operands are decoded times 2^-14 (``decode_ptx.DECODE8_REBIAS``), so the accumulators
+# hold the dot products times 2^-28, exactly: FP32 bits of 2^28, applied when they leave registers.
+UNSCALE_BITS = (127 + 2 * dp.REBIAS_LOG2) << 23
 
 
 @dataclass(frozen=True)
@@ -298,8 +301,8 @@ class Sm90DecodeGemm:
                     for c in cutlass.range_constexpr(4):
                         row = rh * 64 + f * 16 + g + 8 * (c // 2)
                         col = j * 8 + 2 * t + c % 2
-                        dp.st_shared_b32(ring + ((ph * cfg.rows + row) * ld + col) * 4,
-                                         acc[(f * cfg.nt + j) * 4 + c])
+                        dp.st_shared_f32_scaled(ring + ((ph * cfg.rows + row) * ld + col) * 4,
+                                                acc[(f * cfg.nt + j) * 4 + c], UNSCALE_BITS)
         cute.arch.sync_threads()
         T = cfg.threads
         tile_elems = cfg.rows * cfg.ntok
@@ -433,64 +436,82 @@ class Sm90DecodeGemm:
         rh = warp % cfg.row_groups
         g = lane // 4
         t = lane % 4
+        # this lane's shared-memory offsets inside a stage (everything else is an immediate):
+        # its first weight row / token row and its quad column, its first scale words
+        if cutlass.const_expr(cfg.qpt == 2):
+            qcol = t * 32  # quads 2t, 2t + 1: lane t owns the 64-K unit t
+            unit = t
+            shift = Uint32(0)
+        else:
+            qcol = t * 16  # quad t = half t % 2 of unit t // 2
+            unit = t // 2
+            shift = Uint32((t % 2) * 16)
+        row_off = (rh * 64 + g) * cfg.pitch + qcol
+        tok_off = cfg.a_off + g * cfg.pitch + qcol
+        wsc_off = cfg.ws_off + ((rh * 64 + g) * cfg.groups + unit) * 4
+        asc_off = cfg.as_off + (g * cfg.groups + unit) * 4
         for i in cutlass.range(ph, n_kt, cfg.phases, unroll=1):
-            s = i % S
-            dp.mbar_wait(bar0 + 8 * s, (i // S) % 2)
-            base = ring + s * cfg.stage_bytes
+            iu = Uint32(i)
+            s = iu % Uint32(S)
+            dp.mbar_wait(bar0 + 8 * Int32(s), Int32((iu // Uint32(S)) % Uint32(2)))
+            base = ring + Int32(s) * cfg.stage_bytes
+            wrow = base + row_off
+            trow = base + tok_off
             if cutlass.const_expr(cfg.qpt == 2):
-                # lane t owns the 64-K unit t: one scale word (4 blocks) per row for both quads
-                bs = self._scales(base, t, rh, g, Uint32(0), True)
+                bs = self._scales(base + asc_off, base + wsc_off, shift, True)
                 for qq in cutlass.range_constexpr(2):
-                    self._quad(acc, base, 2 * t + qq, bs, 2 * qq, rh, g)
+                    self._quad(acc, wrow, trow, qq * 16, bs, 2 * qq)
             else:
-                # lane t owns quad t = half t % 2 of unit t // 2
-                bs = self._scales(base, t // 2, rh, g, Uint32((t % 2) * 16), False)
-                self._quad(acc, base, t, bs, 0, rh, g)
-            dp.mbar_arrive(bar0 + 8 * (S + s))
+                bs = self._scales(base + asc_off, base + wsc_off, shift, False)
+                self._quad(acc, wrow, trow, 0, bs, 0)
+            dp.mbar_arrive(bar0 + 8 * (S + Int32(s)))
 
     @cute.jit
-    def _scales(self, base, unit, rh, g, shift, four: cutlass.Constexpr):
-        """Block scales of this lane's rows (nt tokens, then 8 weight rows) for 64-K unit ``unit``
-        as f16x2 broadcast words: all four blocks (``four``) or the two at byte ``shift // 8``."""
+    def _scales(self, asc, wsc, shift, four: cutlass.Constexpr):
+        """Block scales of this lane's rows (nt tokens, then 8 weight rows) for its 64-K unit as
+        f16x2 broadcast words: all four blocks (``four``) or the two at byte ``shift // 8``.
+        ``asc`` / ``wsc``: shared address of the unit's scale word of its first token / weight row."""
         cfg = self.cfg
         G = cfg.groups
-        addrs = []
+        words = []
         for j in cutlass.range_constexpr(cfg.nt):
-            addrs.append(base + cfg.as_off + ((g + 8 * j) * G + unit) * 4)
+            words.append(dp.ld_shared_u32_at(asc, 8 * j * G * 4))
         for f in cutlass.range_constexpr(4):
             for hh in cutlass.range_constexpr(2):
-                addrs.append(base + cfg.ws_off + ((rh * 64 + f * 16 + g + 8 * hh) * G + unit) * 4)
+                words.append(dp.ld_shared_u32_at(wsc, (f * 16 + 8 * hh) * G * 4))
         out = []
-        for a in addrs:
+        for w in words:
             if cutlass.const_expr(four):
-                out.append(ptx.e4m3x4_to_f16x2_bcast(ptx.ld_shared_u32(a)))
+                out.append(ptx.e4m3x4_to_f16x2_bcast(w))
             else:
-                out.append(dp.e4m3x2_to_f16x2_bcast(ptx.ld_shared_u32(a) >> shift))
+                out.append(dp.e4m3x2_to_f16x2_bcast(w >> shift))
         return out
 
     @cute.jit
-    def _quad(self, acc, base, q, scl, s0: cutlass.Constexpr, rh, g):
-        """One 32-K quad ``q`` of every row of this warp and of every token: 8 k16-steps x 4
-        fragments. ``scl[row]``: f16x2 scales of the row (tokens first); the quad's two blocks are
-        ``scl[row][s0]`` and ``scl[row][s0 + 1]``."""
+    def _quad(self, acc, wrow, trow, qoff: cutlass.Constexpr, scl, s0: cutlass.Constexpr):
+        """One 32-K quad of every row of this warp and of every token: 8 k16-steps x 4 fragments.
+        ``wrow`` / ``trow`` + ``qoff``: the quad of this lane's first weight / token row.
+        ``scl[row]``: f16x2 scales of the row (tokens first); the quad's two blocks are
+        ``scl[row][s0]`` and ``scl[row][s0 + 1]``. Operands are decoded times 2^-14 (rebias)."""
         cfg = self.cfg
         nt = cfg.nt
+        P = cfg.pitch
         # tokens (B operand): rows g and g + 8
         bw = []
         for j in cutlass.range_constexpr(nt):
-            bw.append(ptx.ld_shared_v4(base + cfg.a_off + (g + 8 * j) * cfg.pitch + q * 16))
+            bw.append(dp.ld_shared_v4_at(trow, 8 * j * P + qoff))
         # weights (A operand): rows rh*64 + 16f + g (+8)
         aw = []
         for f in cutlass.range_constexpr(4):
             for hh in cutlass.range_constexpr(2):
-                aw.append(ptx.ld_shared_v4(base + (rh * 64 + f * 16 + g + 8 * hh) * cfg.pitch + q * 16))
+                aw.append(dp.ld_shared_v4_at(wrow, (f * 16 + 8 * hh) * P + qoff))
         for w in cutlass.range_constexpr(4):  # words of the quad; scale block w // 2
             hb = []
             for j in cutlass.range_constexpr(nt):
-                hb.append(dp.decode_e2m1x8_pairs(bw[j][w], scl[j][s0 + w // 2]))
+                hb.append(dp.decode_e2m1x8_rebias(bw[j][w], scl[j][s0 + w // 2]))
             for f in cutlass.range_constexpr(4):
-                h0 = dp.decode_e2m1x8_pairs(aw[2 * f][w], scl[nt + 2 * f][s0 + w // 2])
-                h1 = dp.decode_e2m1x8_pairs(aw[2 * f + 1][w], scl[nt + 2 * f + 1][s0 + w // 2])
+                h0 = dp.decode_e2m1x8_rebias(aw[2 * f][w], scl[nt + 2 * f][s0 + w // 2])
+                h1 = dp.decode_e2m1x8_rebias(aw[2 * f + 1][w], scl[nt + 2 * f + 1][s0 + w // 2])
                 for j in cutlass.range_constexpr(nt):
                     for st in cutlass.range_constexpr(2):
                         a_ = (f * nt + j) * 4

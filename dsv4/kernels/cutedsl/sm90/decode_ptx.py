@@ -68,11 +68,50 @@ def st_shared_b32(addr: Int32, v: Uint32) -> None:
     inline_ptx("st.shared.b32 [{$r0}], {$r1};", read_only_args=[addr, v])
 
 
-# E2M1 x8 -> FP16 in 17 instructions (ptx.decode_e2m1x8 takes 19; same values, other order):
-# magnitude bytes by two prmt lookups (as ptx.py), the sign bits merged at byte level (sign of
-# nibble 2d sits at bit 8d+3 of w, of nibble 2d+1 at bit 8d+7: one shift and two prmt gather them
-# to bit 7 of byte i of nibble i), then each f16x2 word is a prmt of two signed high bytes next to
-# zero low bytes (immediate 0 operand) and the exact ``mul.rn.f16x2`` by the block scale.
+# E2M1 x8 -> FP16 by exponent rebias, 15 instructions (11 integer + 4 ``mul.rn.f16x2``; the table
+# decode ``DECODE8_PAIRS`` takes 17, 13 of them integer). A code ``s e1 e0 m`` placed as the FP16
+# half ``s 000 e1e0 m 0 00000000`` (sign at bit 15, e1e0 = the two low exponent bits 11..10, m = the
+# top mantissa bit 9) is the E2M1 value times 2^-14 exactly: e1e0 >= 1 gives (1 + m/2) * 2^(e-15),
+# e1e0 = 0 the subnormal m/2 * 2^-14. In byte terms the FP16 high byte is ``s000eem0``:
+#  * odd codes (high nibble of a byte, bits 4..7): xo = x & 0xF0F0F0F0, then per byte
+#    ((xo >> 3) | xo) & 0x8E = s000eem0 (xo >> 3 holds eem at 1..3 and nothing at 7; xo holds the
+#    sign at 7 and nothing at 1..3) -- kept at bytes 1,3 (mask 0x8E008E00) it is the f16x2 word of
+#    codes 3 and 7; kept at bytes 0,2 and shifted left by 8, the word of codes 1 and 5;
+#  * even codes (low nibble): xe = x & 0x0F0F0F0F, ((xe << 1) | (xe << 4)) & 0x8E per byte, the
+#    same way: words (2, 6) and (0, 4).
+# Each word is then multiplied (``mul.rn.f16x2``) by the f16x2 block scale: the product
+# e2m1 * scale * 2^-14 is exact in FP16 (at most 6 significant bits; the smallest nonzero one is
+# 0.5 * 2^-9 * 2^-14 = 2^-24, the least FP16 subnormal; the largest 6 * 448 * 2^-14 < 0.17).
+# Output order: (n3,n7 | n1,n5 | n2,n6 | n0,n4); lop3 immLut 0xA8 = (a | b) & c.
+DECODE8_REBIAS = """{
+.reg .b32 xo, xe, a, b, t;
+and.b32 xo, {$r0}, 0xF0F0F0F0;
+shr.u32 a, xo, 3;
+lop3.b32 t, a, xo, 0x8E008E00, 0xA8;
+mul.rn.f16x2 {$w0}, t, {$r1};
+lop3.b32 t, a, xo, 0x008E008E, 0xA8;
+shl.b32 t, t, 8;
+mul.rn.f16x2 {$w1}, t, {$r1};
+and.b32 xe, {$r0}, 0x0F0F0F0F;
+shl.b32 a, xe, 1;
+shl.b32 b, xe, 4;
+lop3.b32 t, a, b, 0x8E008E00, 0xA8;
+mul.rn.f16x2 {$w2}, t, {$r1};
+lop3.b32 t, a, b, 0x008E008E, 0xA8;
+shl.b32 t, t, 8;
+mul.rn.f16x2 {$w3}, t, {$r1};
+}"""
+REBIAS_ORDER = (3, 7, 1, 5, 2, 6, 0, 4)  # nibble of each output half, low half first
+REBIAS_LOG2 = 14  # each decoded operand is its value times 2^-14
+
+
+def decode_e2m1x8_rebias(word: Uint32, scale_x2: Uint32):
+    """8 packed E2M1 codes -> 4 f16x2 words (halves in ``REBIAS_ORDER``), each the code's value
+    times the f16x2 ``scale_x2`` times 2^-14, exactly (``DECODE8_REBIAS``)."""
+    return inline_ptx(DECODE8_REBIAS, write_only_types=[Uint32] * 4, read_only_args=[word, scale_x2])
+
+
+# The former decode (prmt table lookup, 17 instructions), kept as the reference of the tests.
 DECODE8_PAIRS = """{
 .reg .b32 y, yh, m0, m1, a, s0, s1, t;
 and.b32 y, {$r0}, 0x77777777;
@@ -98,8 +137,29 @@ mul.rn.f16x2 {$w3}, t, {$r1};
 
 def decode_e2m1x8_pairs(word: Uint32, scale_x2: Uint32):
     """8 packed E2M1 codes -> 4 f16x2 words in the order (n0,n1 | n2,n3 | n4,n5 | n6,n7), each
-    times the f16x2 ``scale_x2``; the values of ``ptx.decode_e2m1x8`` (exact), fewer instructions."""
+    times the f16x2 ``scale_x2``; the values of ``ptx.decode_e2m1x8`` (exact)."""
     return inline_ptx(DECODE8_PAIRS, write_only_types=[Uint32] * 4, read_only_args=[word, scale_x2])
+
+
+def ld_shared_v4_at(addr: Int32, off: int):
+    """128-bit shared load from ``addr + off`` (``off`` a compile-time byte offset)."""
+    return inline_ptx(f"ld.shared.v4.b32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}+{int(off)}];",
+                      write_only_types=[Uint32] * 4, read_only_args=[addr])
+
+
+def ld_shared_u32_at(addr: Int32, off: int) -> Uint32:
+    return inline_ptx(f"ld.shared.b32 {{$w0}}, [{{$r0}}+{int(off)}];", write_only_types=[Uint32],
+                      read_only_args=[addr])
+
+
+def st_shared_f32_scaled(addr: Int32, v: Uint32, scale_bits: int) -> None:
+    """Store the FP32 ``v`` (bit pattern) times the FP32 constant with bits ``scale_bits`` (a power
+    of two: exact) to shared ``addr``."""
+    inline_ptx(f"""{{
+.reg .f32 t;
+mul.rn.f32 t, {{$r1}}, 0f{scale_bits:08X};
+st.shared.f32 [{{$r0}}], t;
+}}""", read_only_args=[addr, v])
 
 
 def e4m3x2_to_f16x2_bcast(scales: Uint32):
