@@ -157,6 +157,35 @@ def test_decode_gemm_matches_reference_and_emulated(dg, emu, m, n, k):
     assert bool((diff <= tol).all()), f"{label}: {int((diff > tol).sum())} outputs differ from the emulated backend"
 
 
+@pytest.mark.parametrize("m", [1, 16])
+def test_decode_gemm_single_products_are_bit_exact_at_extreme_scales(dg, m):
+    """Weights with one nonzero-slot code per row (every code, every K position, both halves of the
+    MMA fragments) times dense tokens (every code), block scales drawn from the extremes of E4M3
+    (2^-9 .. 448): every output is one exact product times alpha, so the kernel must equal
+    bf16(fp32(product) * alpha) bit for bit. The decode hands the tensor cores e2m1 x scale x 2^-14
+    (FP16 subnormals below 1, down to 2^-24) and scales the FP32 accumulators back by 2^28; this
+    pins that path to the exact operands (a tensor core flushing FP16 subnormals would fail here)."""
+    gen = torch.Generator().manual_seed(m + 5)
+    n, k = 512, 96
+    codes_a = torch.randint(0, 16, (m, k), generator=gen)
+    codes_b = torch.zeros(n, k, dtype=torch.long)
+    rows = torch.arange(n)
+    codes_b[rows, (rows * 7 + rows // k) % k] = rows % 16
+    pick = torch.tensor([0x01, 0x02, 0x07, 0x08, 0x0F, 0x30, 0x38, 0x3B, 0x77, 0x7E], dtype=torch.uint8)
+
+    def op(codes):
+        packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+        sc = pick[torch.randint(0, len(pick), (codes.shape[0], k // 16), generator=gen)].view(torch.float8_e4m3fn)
+        g = torch.exp2(torch.randint(-3, 4, (), generator=gen).float()) * 0.75
+        return FP4Operand(packed.cuda(), sc.cuda(), g.cuda(), k=k, scale_layout="linear")
+
+    a, b = op(codes_a), op(codes_b)
+    got = dg(GemmRequest(a, b))
+    alpha32 = a.global_scale.float() * b.global_scale.float()
+    ref = ((_deq(a) @ _deq(b).T).float() * alpha32).to(torch.bfloat16)  # one product per output: exact
+    assert torch.equal(got, ref), f"{int((got != ref).sum())} of {got.numel()} outputs differ"
+
+
 @pytest.mark.parametrize("m", [1, 5, 9, 16])
 @pytest.mark.parametrize("layouts", [("linear", "linear"), ("linear", "swizzled")])
 def test_decode_gemm_linear_scales(dg, m, layouts):
