@@ -30,8 +30,8 @@ def _contract() -> dict:
     return json.loads((NV / "contract.json").read_text())
 
 
-def _prose() -> str:
-    return " ".join((NV / "preflight.md").read_text().split())   # the excerpt, line breaks as spaces
+def _facts_nv() -> dict:
+    return json.loads((NV / "facts.json").read_text())
 
 
 def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
@@ -62,21 +62,19 @@ def nv_sparse(tmp_path_factory) -> Path:
     return sparse_checkpoint(preset("flash"), "nvidia-nvfp4", tmp_path_factory.mktemp("nv") / "flash-nvfp4")
 
 
-def test_the_excerpt_and_the_contract_state_the_same_preflight() -> None:
-    """The fixture's two files (the document's prose, the script's literals) agree number for number."""
-    c, text = _contract(), _prose()
+def test_the_documents_facts_and_the_scripts_contract_agree() -> None:
+    """The fixture's two sources (the document's stated facts, the script's pinned literals) agree number
+    for number."""
+    c, f = _contract(), _facts_nv()
     idx = c["index"]
-    for s in (f"{idx['non_mtp_count']:,} non-`mtp.*` tensors plus {idx['mtp_counts']['0']:,} `mtp.0.*` tensors "
-              f"in {idx['shard_count']} shards", c["revision"], c["index_sha256"],
-              f"{c['config']['num_hidden_layers']} target layers and only one draft stage",
-              "The 132,096 main routed tensors are exactly 43 complete, contiguous runs of 3,072 tensors",
-              "Main packed weights are `U8`; block scales are `F8_E4M3`; `weight_scale_2` and `input_scale` are "
-              "rank-0 `F32` scalars", "The separate `mtp.0` routed tensors use `I8` weights and `F8_E8M0` scales",
-              "1,536 routed expert tensors (`weight` plus `scale`) and 39 non-routed tensors"):
-        assert s in text, s
-    ds = c["dspark_source"]["index"]
-    assert (f"{ds['mtp_counts']['0']:,} `mtp.0.*`, {ds['mtp_counts']['1']:,} `mtp.1.*`, and "
-            f"{ds['mtp_counts']['2']:,} `mtp.2.*` tensors") in text
+    assert (idx["non_mtp_count"], idx["mtp_counts"], idx["shard_count"]) == \
+        (f["non_mtp_tensors"], {"0": f["mtp0_tensors"]}, f["shards"])
+    assert (c["revision"], c["index_sha256"], c["config"]["num_hidden_layers"]) == \
+        (f["revision"], f["index_sha256"], f["target_layers"])
+    assert f["main_routed"]["tensors"] == f["main_routed"]["runs"] * f["main_routed"]["run_length"]
+    assert sum(f["mtp0_split"].values()) == f["mtp0_tensors"]
+    assert c["dspark_source"]["index"]["mtp_counts"] == f["dspark_source_mtp"]
+    assert f["non_mtp_tensors"] + sum(f["dspark_source_mtp"].values()) == f["hybrid"]["tensors"]
 
 
 def test_our_nvidia_nvfp4_reading_is_the_published_one() -> None:
@@ -109,7 +107,7 @@ def test_our_nvidia_nvfp4_reading_is_the_published_one() -> None:
 def test_the_hybrid_numbers_follow_from_both_layouts() -> None:
     """The preflight's hybrid (NVIDIA's 133,660 target tensors + Flash-0731's 4,705 DSpark tensors: 138,365
     tensors, 175,535,844,088 bytes) and its DSpark source counts, from our two layouts alone."""
-    c, text = _contract(), _prose()
+    c, f = _contract(), _facts_nv()
     nv = _counts(expected_tensors(preset("flash"), "nvidia-nvfp4"))
     ds_tensors = expected_tensors(preset("flash-0731"), "official-dspark")
     ds = _counts(ds_tensors)
@@ -120,8 +118,8 @@ def test_the_hybrid_numbers_follow_from_both_layouts() -> None:
     ds_draft = sum(_nbytes(*v) for n, v in ds_tensors.items() if n.startswith("mtp."))
     tensors = nv["non_mtp_count"] + sum(ds["mtp_counts"].values())
     size = nv["total_size"] - nv_draft + ds_draft
-    assert f"{tensors:,} tensors in 48 shards with `{size:,}` indexed tensor-payload bytes" in text
-    assert f"all {sum(ds['mtp_counts'].values()):,} native-MXFP4 DSpark tensors" in text
+    assert (tensors, size) == (f["hybrid"]["tensors"], f["hybrid"]["payload_bytes"])
+    assert sum(ds["mtp_counts"].values()) == f["hybrid"]["dspark_tensors"]
     assert {k: preset("flash-0731").to_hf_dict()[k] for k in c["dspark_source"]["dspark_fields"]} == \
         c["dspark_source"]["dspark_fields"]
 
@@ -208,24 +206,29 @@ def _witnessed_ct_names() -> set[str]:
     return out | {"mtp.0.emb.tok_emb.weight", "mtp.0.head.weight"}
 
 
+def _facts() -> dict:
+    return json.loads((CQ / "facts.json").read_text())
+
+
 def test_the_authors_account_of_the_compressed_tensors_export_adds_up() -> None:
     """134,309 index keys, 256 experts, 799 mtp.* keys, 66,048 global scales and the example names, from
     our Flash tensor set and the account's description alone."""
-    gate, recipe = (" ".join((CQ / f).read_text().split()) for f in ("phase2b-gate.md", "recipe-excerpt.md"))
+    f = _facts()
+    gate = f["gate"]
     names = _witnessed_ct_names()
     mtp = {n for n in names if n.startswith("mtp.")}
-    assert f"| Total keys in merged index | 100K+ (production scale) | **{len(names):,}** |" in gate
-    assert f"| `mtp.*` keys preserved | ≥ 795 (anchored on 1-rank dryrun's 799) | **{len(mtp)}** |" in gate
+    assert len(names) == gate["index_keys"] and len(mtp) == gate["mtp_keys"]
     experts = {int(m.group(1)) for n in names if (m := re.match(r"layers\.\d+\.ffn\.experts\.(\d+)\.", n))}
-    assert experts == set(range(256)) and "| Unique expert IDs | 256 (range 0-255) | **256 (0-255)** |" in gate
+    assert experts == set(range(gate["unique_expert_ids"][0], gate["unique_expert_ids"][1] + 1))
     scales = [n for n in names if n.endswith(("weight_global_scale", "input_global_scale"))]
-    assert f"~{len(scales):,} tensors to squeeze for V4-Flash" in recipe
-    for n in ("layers.5.attn.wq_a.weight_scale", "layers.5.ffn.experts.0.w1.weight_packed", "mtp.0.e_proj.weight"):
-        assert f"`{n}`" in gate and n in names
-    assert expected_tensors(preset("flash"), "nvidia-nvfp4")["mtp.0.e_proj.weight"][1] == (4096, 4096)
-    assert "**bfloat16 (4096, 4096)**" in gate
+    assert len(scales) == f["postprocess"]["global_scales_squeezed_to_0d"]
+    for n in (*gate["present"], *gate["dtype"]):
+        assert n in names
+    dtype, shape = gate["dtype"]["mtp.0.e_proj.weight"]
+    assert dtype == "bfloat16" and expected_tensors(preset("flash"), "nvidia-nvfp4")["mtp.0.e_proj.weight"][1] == tuple(shape)
     assert not any(n.startswith("mtp.") and n.endswith(("weight_packed", ".weight_scale", "global_scale"))
                    for n in names)   # the draft unquantized (its three hc_*_scale are the 'leak' the gate saw)
+    assert gate["mtp_quantization_leak_keys"] == len([n for n in mtp if n.endswith("_scale")])
 
 
 @pytest.mark.xfail(strict=True, reason="our compressed-tensors layout is transformers-named and NVFP4 throughout; "
@@ -237,23 +240,12 @@ def test_our_compressed_tensors_layout_is_the_published_one() -> None:
 
 def test_the_mixed_precision_quantization_config_is_read() -> None:
     """The export's config.json says format 'mixed-precision' with an FP8-block group and an NVFP4 group
-    (the recipe's groups and ignore list, verbatim); the reader takes the NVFP4 group's size and the ignores."""
+    (the recipe's groups and ignore list, as transcribed); the reader takes the NVFP4 group's size and the ignores."""
     from dsv4.checkpoint.quant_configs import read_quant_config
 
-    recipe = (CQ / "recipe-excerpt.md").read_text()
-    assert '`config.json` with `quantization_config.format == "mixed-precision"` and both group regexes' in recipe
-    block = recipe[recipe.index("    ignore=["):recipe.index("    scale_fmt=")]
-    ignore = re.findall(r'^\s+r?"([^"]+)",', block, re.M)
-    assert ignore[0] == "lm_head" and ignore[-1] == r"re:.*mtp\..*"
-    targets = re.findall(r'^\s+r"(re:[^"]+)",', recipe[:recipe.index("    ignore=[")], re.M)
-    fp8 = {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128], "symmetric": True,
-           "dynamic": False}
-    fp4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True,
-           "dynamic": False}
-    qc = {"quant_method": "compressed-tensors", "format": "mixed-precision", "ignore": ignore, "config_groups": {
-        "group_0": {"targets": [targets[0]], "weights": fp8, "input_activations": None, "format": "float-quantized"},
-        "group_1": {"targets": [targets[1]], "weights": fp4, "input_activations": dict(fp4, dynamic="local"),
-                    "format": "nvfp4-pack-quantized"}}}
+    r = _facts()["recipe"]
+    qc = {"quant_method": "compressed-tensors", "format": r["config_json_format"], "ignore": r["ignore"],
+          "config_groups": r["groups"]}
     q = read_quant_config(Path("/nonexistent"), {"quantization_config": qc})
     assert (q.producer, q.algo, q.group_size) == ("compressed-tensors", "mixed-precision", 16)
     assert q.excludes("mtp.0.ffn.experts.0.w1") == r"re:.*mtp\..*" and q.excludes("layers.3.ffn.gate") == r"re:.*\.gate$"
