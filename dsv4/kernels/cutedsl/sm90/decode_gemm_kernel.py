@@ -16,10 +16,12 @@ range (split-K over ``gridDim.y``). Per k-tile (``bk`` = 128 or 256 elements of 
   is tracked by the same mbarrier (``cp.async.mbarrier.arrive.noinc``). ``stages`` stages in flight.
 * consumer warps: warp (phase p, row group h) handles k-tiles i = p (mod P), rows ``64h .. 64h+63``
   (P = consumer_warps / (rows / 64)). It decodes FP4 straight from shared memory into
-  ``mma.sync.m16n8k16`` register fragments (weights = A, 4 m16 fragments; tokens = B, 1 or 2 n8 fragments), with the
-  same E2M1 x E4M3 -> FP16 values as the WGMMA kernel (prmt table lookup, exact ``mul.rn.f16x2`` by
-  the block scale: every product exact in FP16; ``decode_ptx.decode_e2m1x8_pairs``, 17 instead of
-  19 instructions per 8 codes), FP32 accumulation, then arrives on the stage's *empty* mbarrier.
+  ``mma.sync.m16n8k16`` register fragments (weights = A, 4 m16 fragments; tokens = B, 1 or 2 n8
+  fragments) by exponent rebias (``decode_ptx.DECODE8_REBIAS``: 11 integer instructions + 4 exact
+  ``mul.rn.f16x2`` by the block scale per 8 codes): each operand is the WGMMA kernel's E2M1 x E4M3
+  FP16 value times 2^-14, exactly (FP16 subnormals included). FP32 accumulation (every product and
+  sum that of unscaled operands times 2^-28, all >= 2^-48: rounding commutes with the power of two),
+  scaled back by 2^28 (exact) as they leave the registers; then it arrives on the *empty* mbarrier.
 
 No FP16 tile in shared memory, no CTA barrier in the main loop. K order inside an MMA is a
 permutation of the true K order, identical for both operands (each lane decodes the same K words
@@ -451,7 +453,7 @@ class Sm90DecodeGemm:
         wsc_off = cfg.ws_off + ((rh * 64 + g) * cfg.groups + unit) * 4
         asc_off = cfg.as_off + (g * cfg.groups + unit) * 4
         for i in cutlass.range(ph, n_kt, cfg.phases, unroll=1):
-            iu = Uint32(i)
+            iu = Uint32(i)  # unsigned: stage and parity are a mask and a shift for 2^n stages
             s = iu % Uint32(S)
             dp.mbar_wait(bar0 + 8 * Int32(s), Int32((iu // Uint32(S)) % Uint32(2)))
             base = ring + Int32(s) * cfg.stage_bytes
@@ -482,7 +484,7 @@ class Sm90DecodeGemm:
         out = []
         for w in words:
             if cutlass.const_expr(four):
-                out.append(ptx.e4m3x4_to_f16x2_bcast(w))
+                out.append(dp.e4m3x4_to_f16x2_bcast_mov(w))
             else:
                 out.append(dp.e4m3x2_to_f16x2_bcast(w >> shift))
         return out

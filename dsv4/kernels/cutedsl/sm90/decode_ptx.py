@@ -162,6 +162,29 @@ st.shared.f32 [{{$r0}}], t;
 }}""", read_only_args=[addr, v])
 
 
+# Four E4M3 block scales -> four broadcast f16x2 words. The broadcasts are half moves, which ptxas
+# folds into the operand selects of the decode's HMUL2 (.H0_H0 / .H1_H1): no PRMT left in SASS
+# (ptx.e4m3x4_to_f16x2_bcast's prmt broadcasts stay as 4 PRMT per 4 scales).
+SCALES4_MOV = """{
+.reg .b16 lo, hi, a0, a1, b0, b1;
+.reg .b32 a, b;
+mov.b32 {lo, hi}, {$r0};
+cvt.rn.f16x2.e4m3x2 a, lo;
+cvt.rn.f16x2.e4m3x2 b, hi;
+mov.b32 {a0, a1}, a;
+mov.b32 {b0, b1}, b;
+mov.b32 {$w0}, {a0, a0};
+mov.b32 {$w1}, {a1, a1};
+mov.b32 {$w2}, {b0, b0};
+mov.b32 {$w3}, {b1, b1};
+}"""
+
+
+def e4m3x4_to_f16x2_bcast_mov(scales: Uint32):
+    """Four E4M3 bytes (byte i = scale i) -> four f16x2 words, word i = (scale i, scale i), exact."""
+    return inline_ptx(SCALES4_MOV, write_only_types=[Uint32] * 4, read_only_args=[scales])
+
+
 def e4m3x2_to_f16x2_bcast(scales: Uint32):
     """The two low E4M3 bytes -> two f16x2 words, word i = (scale i, scale i) (exact conversion)."""
     return inline_ptx("""{
