@@ -235,7 +235,11 @@ def test_the_authors_account_of_the_compressed_tensors_export_adds_up() -> None:
                    "the published account says official names, NVFP4 experts + FP8-block attention, BF16 draft. "
                    "Left as our reading until the export's config.json / index is read (docs/formats.md)")
 def test_our_compressed_tensors_layout_is_the_published_one() -> None:
-    assert set(expected_tensors(preset("flash"), "compressed-tensors")) == _witnessed_ct_names()
+    ours, witnessed = set(expected_tensors(preset("flash"), "compressed-tensors")), _witnessed_ct_names()
+    # the differences counted and sampled here: pytest's own diff of two 134k-name sets runs for many
+    # minutes at default verbosity (a CI run stalled on it)
+    missing, extra = sorted(witnessed - ours), sorted(ours - witnessed)
+    assert not missing and not extra, (len(missing), missing[:5], len(extra), extra[:5])
 
 
 def test_the_mixed_precision_quantization_config_is_read() -> None:
