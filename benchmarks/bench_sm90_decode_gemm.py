@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -53,35 +52,32 @@ def log(msg: str) -> None:
 
 
 def graph_us(fns: list, reps: int = 20) -> float:
-    """Median time per call of ``fns`` (cycled) captured ``reps`` times in one CUDA graph."""
+    """Median time per call of ``fns`` (cycled) captured ``reps`` times in one CUDA graph
+    (bench_nvfp4_gemm's measurement); a failed measurement is recorded and reads NaN."""
+    from bench_nvfp4_gemm import _graph_us_impl
+
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for f in fns:
-                f()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(reps):
-                fns[i % len(fns)]()
-        g.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(5):
-            t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0.record()
-            g.replay()
-            t1.record()
-            t1.synchronize()
-            times.append(t0.elapsed_time(t1) * 1e3 / reps)
-        del g
-        return statistics.median(times)
+        return _graph_us_impl(fns, reps)
     except Exception as e:  # one failed measurement must not end the run
         ERRORS.append(f"graph: {type(e).__name__}: {str(e)[:300]}")
         torch.cuda.synchronize()
         return float("nan")
+
+
+def _correctness(row: dict, new: torch.Tensor, old: torch.Tensor, ref: torch.Tensor) -> None:
+    """The new kernel against the existing one and the emulated backend, written into ``row``."""
+    torch.cuda.synchronize()
+    scale = float(ref.float().abs().max()) or 1.0
+    row["max_abs_diff_vs_backend"] = float((new.float() - old.float()).abs().max())
+    row["max_abs_diff_vs_emulated"] = float((new.float() - ref.float()).abs().max())
+    row["max_abs_y"] = scale
+    row["backend_vs_emulated"] = float((old.float() - ref.float()).abs().max())
+    row["ok"] = bool(torch.isfinite(new.float()).all()) and row["max_abs_diff_vs_emulated"] <= max(
+        4 * row["backend_vs_emulated"], 2.0 ** -6 * scale)
+
+
+def _plan_row(plan) -> dict:
+    return {"tiles": plan.tiles, "splits": plan.splits, "ctas": plan.ctas, "cfg": str(plan.cfg)}
 
 
 def measure_hbm() -> dict:
@@ -134,16 +130,9 @@ def run_case(be, dg, emu, name, n, k, swiglu, m, hbm, sweep: bool) -> dict:
     req = GemmRequest(aq, ws[0], swiglu_limit=limit)
     new, old = dg(req), be.gemm(req)
     ref = emu.gemm(req)
-    torch.cuda.synchronize()
-    scale = float(ref.float().abs().max()) or 1.0
-    row["max_abs_diff_vs_backend"] = float((new.float() - old.float()).abs().max())
-    row["max_abs_diff_vs_emulated"] = float((new.float() - ref.float()).abs().max())
-    row["max_abs_y"] = scale
-    row["backend_vs_emulated"] = float((old.float() - ref.float()).abs().max())
-    row["ok"] = bool(torch.isfinite(new.float()).all()) and row["max_abs_diff_vs_emulated"] <= max(
-        4 * row["backend_vs_emulated"], 2.0 ** -6 * scale)
+    _correctness(row, new, old, ref)
     plan = dg.plan(m, n, k, swiglu)
-    row["plan"] = {"tiles": plan.tiles, "splits": plan.splits, "ctas": plan.ctas, "cfg": str(plan.cfg)}
+    row["plan"] = _plan_row(plan)
     # ---- timing
     io = w_bytes + fp4_bytes(m, k) + 2 * m * n_out
     row["new_us"] = graph_us([lambda w=w: dg(GemmRequest(aq, w, swiglu_limit=limit)) for w in ws])
@@ -201,16 +190,9 @@ def run_grouped_case(be, dg, emu, name, n, k, swiglu, experts, tokens, w_fp4, w_
     row = {"case": name, "n": n, "k": k, "m": tokens, "rows": m, "active_experts": active, "swiglu": swiglu}
     new, old = dg.grouped(req), be.grouped_gemm(req)
     ref = emu.grouped_gemm(req)
-    torch.cuda.synchronize()
-    scale = float(ref.float().abs().max()) or 1.0
-    row["max_abs_diff_vs_backend"] = float((new.float() - old.float()).abs().max())
-    row["max_abs_diff_vs_emulated"] = float((new.float() - ref.float()).abs().max())
-    row["max_abs_y"] = scale
-    row["backend_vs_emulated"] = float((old.float() - ref.float()).abs().max())
-    row["ok"] = bool(torch.isfinite(new.float()).all()) and row["max_abs_diff_vs_emulated"] <= max(
-        4 * row["backend_vs_emulated"], 2.0 ** -6 * scale)
+    _correctness(row, new, old, ref)
     plan = dg.grouped_plan(m, experts, n, k, swiglu)
-    row["plan"] = {"tiles": plan.tiles, "splits": plan.splits, "ctas": plan.ctas, "cfg": str(plan.cfg)}
+    row["plan"] = _plan_row(plan)
     row["new_us"] = graph_us([lambda: dg.grouped(req, check_values=False)])
     row["old_us"] = graph_us([lambda: be.grouped_gemm(req, check_values=False)])
     ends = offs[1:].contiguous()
