@@ -45,6 +45,7 @@ from cutlass import BFloat16, Boolean, Float32, Int32, Int64, Uint32
 
 from . import decode_ptx as dp
 from . import ptx
+from .grouped_schedule import grouped_schedule
 
 FULL_ARRIVALS = 1 + 32  # lane 0's arrive.expect_tx + 32 cp.async arrivals
 # Both MMA operands are decoded times 2^-14 (``decode_ptx.DECODE8_REBIAS``), so the accumulators
@@ -194,7 +195,7 @@ class Sm90DecodeGemm:
         tok0 = Int32(0)
         tok1 = m
         if cutlass.const_expr(cfg.grouped):
-            self._grouped_schedule(offsets, num_experts, slot, tid, misc)
+            grouped_schedule(offsets, num_experts, slot, tid, misc, cfg.ntok, cfg.threads, True)
             expert = misc[0]
             tok0 = misc[1]
             tok1 = misc[2]
@@ -202,59 +203,6 @@ class Sm90DecodeGemm:
             self._tile(a_words, a_scales, b_words, b_scales, alpha_a, alpha_b, out, workspace, counters,
                        m, n, k, splits, swiglu_limit, st, misc, tid, bx, bz, slot, expert, tok0, tok1)
 
-    # ------------------------------------------------------------------ grouped tile schedule
-    @cute.jit
-    def _grouped_schedule(self, offsets: cute.Pointer, num_experts: Int32, slot: Int32, tid: Int32,
-                          sched_t: cute.Tensor):
-        """CTA ``slot`` -> (expert, first token row, end row) by a block-wide scan of the per-expert
-        token-tile counts (as gemm_kernel.py); writes [expert, start, end] to ``sched_t[0:3]``
-        (start == end: no work). ``sched_t[8:8+warps]`` holds the per-warp totals."""
-        cfg = self.cfg
-        tt = cfg.ntok
-        nthr = cfg.threads
-        nwarps = nthr // 32
-        off = cute.make_tensor(offsets, cute.make_layout(num_experts + 1))
-        per = (num_experts + nthr - 1) // nthr
-        e0 = tid * per
-        local = Int32(0)
-        for j in cutlass.range(per, unroll=1):
-            e = e0 + j
-            if e < num_experts:
-                local = local + (off[e + 1] - off[e] + tt - 1) // tt
-        lane = tid % 32
-        warp = tid // 32
-        incl = local
-        for sh in cutlass.range_constexpr(5):
-            d = 1 << sh
-            v = cute.arch.shuffle_sync_up(incl, d)
-            if lane >= d:
-                incl = incl + v
-        if tid == 0:
-            sched_t[0] = Int32(0)
-            sched_t[1] = Int32(0)
-            sched_t[2] = Int32(0)
-        if lane == 31:
-            sched_t[8 + warp] = incl
-        cute.arch.sync_threads()
-        before = Int32(0)
-        for w in cutlass.range_constexpr(nwarps):
-            if w < warp:
-                before = before + sched_t[8 + w]
-        excl = before + incl - local
-        if slot >= excl and slot < excl + local:
-            base = excl
-            for j in cutlass.range(per, unroll=1):
-                e = e0 + j
-                if e < num_experts:
-                    lo = off[e]
-                    hi = off[e + 1]
-                    cnt = (hi - lo + tt - 1) // tt
-                    if slot >= base and slot < base + cnt:
-                        sched_t[0] = e
-                        sched_t[1] = lo + (slot - base) * tt
-                        sched_t[2] = cutlass.min(hi, lo + (slot - base + 1) * tt)
-                    base = base + cnt
-        cute.arch.sync_threads()
 
     # ------------------------------------------------------------------ one (token tile, row tile, split)
     @cute.jit

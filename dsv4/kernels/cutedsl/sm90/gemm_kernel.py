@@ -32,6 +32,7 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from . import ptx
+from .grouped_schedule import grouped_schedule
 
 UNIT_K = 64  # K elements per load/decode unit = one 128-byte row of a SW128 FP16 atom
 UNIT_BYTES = UNIT_K // 2
@@ -178,7 +179,7 @@ class Sm90NvFp4Gemm:
         tok_end = Int32(0)
         expert = Int32(0)
         if cutlass.const_expr(cfg.grouped):
-            self._grouped_schedule(offsets, num_experts, bx, tid, sched_t)
+            grouped_schedule(offsets, num_experts, bx, tid, sched_t, cfg.token_tile, cfg.threads, False)
             expert = sched_t[0]
             tok_start = sched_t[1]
             tok_end = sched_t[2]
@@ -192,58 +193,6 @@ class Sm90NvFp4Gemm:
                        tiled_mma, st, sched_t, tid, bx, by, bz, expert, tok_start, tok_end)
 
     # ------------------------------------------------------------------ grouped tile schedule
-    @cute.jit
-    def _grouped_schedule(self, offsets: cute.Pointer, num_experts: Int32, slot: Int32, tid: Int32,
-                          sched_t: cute.Tensor):
-        """CTA ``slot`` -> (expert, first token row, end row) by a block-wide scan of the per-expert
-        token-tile counts; writes [expert, start, end] to ``sched_t[0:3]`` (start == end: no work).
-        ``sched_t[8:8+warps]`` holds the per-warp totals."""
-        cfg = self.cfg
-        tt = cfg.token_tile
-        nthr = cfg.threads
-        nwarps = nthr // 32
-        off = cute.make_tensor(offsets, cute.make_layout(num_experts + 1))
-        per = (num_experts + nthr - 1) // nthr
-        e0 = tid * per
-        local = Int32(0)
-        for j in cutlass.range(per, unroll=1):
-            e = e0 + j
-            if e < num_experts:
-                local = local + (off[e + 1] - off[e] + tt - 1) // tt
-        lane = tid % 32
-        warp = tid // 32
-        incl = local
-        for sh in cutlass.range_constexpr(5):
-            d = 1 << sh
-            v = cute.arch.shuffle_sync_up(incl, d)
-            if lane >= d:
-                incl = incl + v
-        if tid == 0:
-            sched_t[0] = Int32(0)
-            sched_t[1] = Int32(0)
-            sched_t[2] = Int32(0)
-        if lane == 31:
-            sched_t[8 + warp] = incl
-        cute.arch.sync_threads()
-        before = Int32(0)
-        for w in cutlass.range_constexpr(nwarps):
-            if w < warp:
-                before = before + sched_t[8 + w]
-        excl = before + incl - local
-        if slot >= excl and slot < excl + local:
-            base = excl
-            for j in cutlass.range(per, unroll=1):
-                e = e0 + j
-                if e < num_experts:
-                    lo = off[e]
-                    hi = off[e + 1]
-                    cnt = (hi - lo + tt - 1) // tt
-                    if slot >= base and slot < base + cnt:
-                        sched_t[0] = e
-                        sched_t[1] = lo + (slot - base) * tt
-                        sched_t[2] = hi
-                    base = base + cnt
-        cute.arch.sync_threads()
 
     # ------------------------------------------------------------------ unit -> source row
     @cute.jit
