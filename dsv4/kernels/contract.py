@@ -244,3 +244,9 @@ class Backend(Protocol):
     def grouped_gemm(self, req: GroupedGemmRequest, *, check_values: bool = True) -> torch.Tensor: ...
 
     def quantize_activation(self, req: ActQuantRequest, *, check_values: bool = True) -> FP4Operand: ...
+
+
+def capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False on CPU-only torch): the contract's
+    host reads are skipped then, and nothing a call returns has been computed yet."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()

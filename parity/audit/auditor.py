@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 import torch
 
+from dsv4.kernels.contract import capturing as _capturing  # module-level: the tests patch it
 from dsv4.layers.dispatch import KernelCall
 
 from ..records import AUDIT_MODE, RunContext
@@ -99,10 +100,6 @@ def _to_host(obj: Any) -> Any:
     if hasattr(obj, "__dataclass_fields__"):
         return type(obj)(**{k: _to_host(getattr(obj, k)) for k in obj.__dataclass_fields__})
     return obj
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 @dataclass

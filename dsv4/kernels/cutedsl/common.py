@@ -15,7 +15,7 @@ from typing import Callable, Hashable
 
 import torch
 
-from ..contract import KernelContractError
+from ..contract import KernelContractError, capturing  # noqa: F401  (capturing: re-exported for the kernels)
 
 
 @dataclass
@@ -174,6 +174,20 @@ def compile_executor(fn, *args, arch: str):
     return cute.compile(fn, *args, options=f"--gpu-arch {arch}")
 
 
-def capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (False on CPU-only torch)."""
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+class LaunchResources:
+    """Per-device state of a GEMM launcher (``self.device``): the SM count, read once, and zeroed
+    int32 split-K tile counters, grown on demand (the kernels leave them zero after every launch)."""
+
+    device: torch.device
+    _counters: torch.Tensor | None = None
+    _num_sms: int | None = None
+
+    def _sms(self) -> int:
+        if self._num_sms is None:
+            self._num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        return self._num_sms
+
+    def _tile_counters(self, n: int, device: torch.device) -> torch.Tensor:
+        if self._counters is None or self._counters.numel() < n or self._counters.device != device:
+            self._counters = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        return self._counters

@@ -5,8 +5,8 @@ import torch
 
 from ...contract import ActQuantRequest, FP4Operand, GemmRequest, GroupedGemmRequest
 from ..act_quant_host import ActQuantRunner
-from ..common import (KernelCache, capturing, check_align, check_cuda, compile_executor, compile_with_ptx,
-                      cu_stream, expect, fake_gmem_ptr, gmem_ptr, kernel_scales)
+from ..common import (KernelCache, LaunchResources, capturing, check_align, check_cuda, compile_executor,
+                      compile_with_ptx, cu_stream, expect, fake_gmem_ptr, gmem_ptr, kernel_scales)
 from .configs import Launch, dense_launch, grouped_launch
 from .gemm_kernel import GemmConfig, Sm90NvFp4Gemm
 
@@ -37,7 +37,7 @@ def compile_gemm(cfg: GemmConfig, arch: str = ARCH, *, keep_ptx: bool = False):
     return compile_executor(*args, arch=arch)
 
 
-class Sm90Backend:
+class Sm90Backend(LaunchResources):
     """NVFP4 GEMMs and activation quantization on Hopper (sm_90a) through CuTe DSL kernels.
 
     Compiled executors are cached per (device, arch, shape class) for the whole process (a model
@@ -51,21 +51,8 @@ class Sm90Backend:
         self.device = torch.device(device)
         self._gemms = KernelCache(scope=("sm90-gemm", str(self.device)))
         self._act = ActQuantRunner(ARCH)
-        self._counters: torch.Tensor | None = None
-        self._num_sms: int | None = None
 
     # ------------------------------------------------------------------ helpers
-    def _sms(self) -> int:
-        if self._num_sms is None:
-            self._num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        return self._num_sms
-
-    def _tile_counters(self, n: int, device: torch.device) -> torch.Tensor:
-        """Zeroed int32 split-K counters; the kernel leaves them zero after every launch."""
-        if self._counters is None or self._counters.numel() < n or self._counters.device != device:
-            self._counters = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        return self._counters
-
     def _check_operand(self, op: FP4Operand, name: str, vec: int) -> None:
         check_cuda(op.packed, f"{name}.packed")
         check_align(op.packed, f"{name}.packed", vec)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from ...contract import GemmRequest, GroupedGemmRequest, KernelContractError
-from ..common import (KernelCache, capturing, check_align, check_cuda, compile_executor, compile_with_ptx,
-                      cu_stream, expect, fake_gmem_ptr, gmem_ptr, kernel_scales)
+from ..common import (KernelCache, LaunchResources, capturing, check_align, check_cuda, compile_executor,
+                      compile_with_ptx, cu_stream, expect, fake_gmem_ptr, gmem_ptr, kernel_scales)
 from .decode_gemm_kernel import DecodeConfig, Sm90DecodeGemm
 
 ARCH = "sm_90a"
@@ -99,15 +99,13 @@ def decode_plan(m: int, n: int, k: int, *, swiglu: bool, num_sms: int, bk: int =
     return DecodePlan(cfg, tiles, _cdiv(k_tiles, per), slots)
 
 
-class DecodeGemm:
+class DecodeGemm(LaunchResources):
     """Dense NVFP4 GEMMs with at most 16 tokens on Hopper. Executors cached per (device, config)."""
 
     def __init__(self, device: torch.device | str = "cuda", **plan_kw):
         self.device = torch.device(device)
         self.plan_kw = plan_kw
         self._exes = KernelCache(scope=("sm90-decode-gemm", str(self.device)))
-        self._counters: torch.Tensor | None = None
-        self._num_sms: int | None = None
 
     @staticmethod
     def _aligned(req) -> bool:
@@ -126,22 +124,11 @@ class DecodeGemm:
         return (isinstance(req, GroupedGemmRequest) and req.a.k % 32 == 0 and DecodeGemm._aligned(req)
                 and req.a.rows <= max_rows_per_expert * min(e, max(req.a.rows, 1)))
 
-    def _sms(self) -> int:
-        if self._num_sms is None:
-            self._num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        return self._num_sms
-
     def plan(self, m: int, n: int, k: int, swiglu: bool) -> DecodePlan:
         return decode_plan(m, n, k, swiglu=swiglu, num_sms=self._sms(), **self.plan_kw)
 
     def grouped_plan(self, m: int, num_experts: int, n: int, k: int, swiglu: bool) -> DecodePlan:
         return decode_plan(m, n, k, swiglu=swiglu, num_sms=self._sms(), num_experts=num_experts, **self.plan_kw)
-
-    def _tile_counters(self, n: int, device: torch.device) -> torch.Tensor:
-        """Zeroed int32 split-K counters; the kernel leaves them zero after every launch."""
-        if self._counters is None or self._counters.numel() < n or self._counters.device != device:
-            self._counters = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        return self._counters
 
     def _check(self, req) -> None:
         a, b = req.a, req.b
