@@ -15,8 +15,8 @@ path) in units of 2^-24 * alpha * sum|ab| together with the share of outputs bit
 """
 from __future__ import annotations
 
-import json
-import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,16 +34,12 @@ try:  # module level: the probe kernel's (string) annotations are resolved in th
 except ImportError:  # the tests below skip; CPU CI without the extra still collects this module
     cutlass = cute = None
 
+sys.path.insert(0, str(Path(__file__).parent))   # the shared helpers beside this file
+from sm90_gpu_operands import _deq, _operand, _report, _ulp_bf16  # noqa: E402
+
 pytestmark = [pytest.mark.gpu, pytest.mark.sm90]
 HYP = settings(max_examples=12, deadline=None, derandomize=True,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-
-
-def _report(kind: str, **fields) -> None:
-    path = os.environ.get("DSV4_GPU_REPORT")
-    if path:
-        with open(path, "a") as f:
-            f.write(json.dumps({"kind": kind, **fields}) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -55,47 +51,6 @@ def be():
 
 
 # ----------------------------------------------------------------------------- operands
-def _operand(rows: int, k: int, gen: torch.Generator, *, layout: str = "linear", groups: int | None = None,
-             zero_scale_frac: float = 0.05) -> FP4Operand:
-    """Uniform random codes (all 16, -0 included) and E4M3 block scales spanning 2^-4 .. 2^4."""
-    packed = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, generator=gen)
-    mag = torch.exp2(torch.rand(rows, k // 16, generator=gen) * 8 - 4)
-    mag[torch.rand(rows, k // 16, generator=gen) < zero_scale_frac] = 0.0
-    scales = to_float8_e4m3fn(mag)
-    if layout == "swizzled":
-        per = rows // (groups or 1)
-        scales = swizzle_scales(scales.view(torch.uint8).reshape(groups or 1, per, k // 16)).reshape(-1)
-        scales = scales.view(torch.float8_e4m3fn)
-    g = (torch.exp2(torch.rand(groups, generator=gen) * 4 - 2) if groups
-         else torch.exp2(torch.rand((), generator=gen) * 4 - 2))
-    return FP4Operand(packed.cuda(), scales.cuda(), g.float().cuda(), k=k, scale_layout=layout)
-
-
-def _deq(op: FP4Operand, rows: slice | None = None, group: int | None = None, groups: int = 1) -> torch.Tensor:
-    """Block-dequantized operand (no global scale) in float64, linear scales."""
-    from dsv4.numerics import unswizzle_scales
-
-    n = op.rows // groups
-    sc = op.k // 16
-    if group is not None:
-        packed = op.packed[group * n:(group + 1) * n]
-        if op.scale_layout == "swizzled":
-            per = op.scales.numel() // groups
-            scales = unswizzle_scales(op.scales[group * per:(group + 1) * per], n, sc)
-        else:
-            scales = op.scales[group * n:(group + 1) * n]
-    else:
-        packed = op.packed
-        scales = op.scales if op.scale_layout == "linear" else unswizzle_scales(op.scales, op.rows, sc)
-    vals = e2m1_decode(unpack_nibbles(packed)).double().reshape(packed.shape[0], sc, 16)
-    return (vals * e4m3_decode(scales).double().unsqueeze(-1)).reshape(packed.shape[0], op.k)
-
-
-def _ulp_bf16(x: torch.Tensor) -> torch.Tensor:
-    e = torch.floor(torch.log2(x.abs().clamp(min=2.0 ** -126)))
-    return torch.exp2(e - 7)
-
-
 def _check_gemm(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, k: int,
                 label: str) -> None:
     """``a [M,K]``, ``b [N,K]`` float64 block-dequantized; ``alpha`` float64 per output column group."""
