@@ -8,16 +8,21 @@ assembly the kernels run is checked here, not a Python copy of it.
 from __future__ import annotations
 
 import importlib.util
+import sys
 import random
 import re
 import struct
 
+from pathlib import Path
+
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))   # the PTX interpreter beside this file
+from ptx_interp import E2M1, _run_ptx  # noqa: E402
 
 HAS_CUTLASS = importlib.util.find_spec("cutlass") is not None
 needs_cutlass = pytest.mark.skipif(not HAS_CUTLASS, reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
 
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 def _gemm_variant_names() -> list[str]:
@@ -105,76 +110,6 @@ def test_compile_check_fails_on_forbidden_instruction():
     bad = KernelBuild("k", "sm_90a", "cvt.rn.f16x2.e2m1x2 %r1, %rs1;", 0.1, [r"wgmma"], [r"cvt\.[a-z0-9.]*e2m1x2"])
     assert set(bad.problems()) == {"missing required PTX /wgmma/", r"forbidden PTX /cvt\.[a-z0-9.]*e2m1x2/ present"}
     assert KernelBuild("k", "sm_90a", "", 0.0, error="boom").problems() == ["compile failed: boom"]
-
-
-# ----------------------------------------------------------------------------- PTX interpreter
-def _prmt(a: int, b: int, c: int) -> int:
-    src = [(a >> (8 * i)) & 0xFF for i in range(4)] + [(b >> (8 * i)) & 0xFF for i in range(4)]
-    out = 0
-    for i in range(4):
-        sel = (c >> (4 * i)) & 0xF
-        byte = src[sel & 7]
-        if sel & 8:  # replicate the sign bit of the selected byte
-            byte = 0xFF if byte & 0x80 else 0x00
-        out |= byte << (8 * i)
-    return out
-
-
-def _f16_mul(a: int, b: int) -> int:
-    """mul.rn.f16x2 via numpy float16 (IEEE round to nearest)."""
-    import numpy as np
-
-    def halves(w):
-        return np.frombuffer(struct.pack("<I", w), dtype=np.float16)
-
-    r = (halves(a).astype(np.float32) * halves(b).astype(np.float32)).astype(np.float16)
-    return struct.unpack("<I", r.tobytes())[0]
-
-
-def _run_ptx(text: str, inputs: list[int], n_out: int) -> list[int]:
-    """Interpret the integer subset of PTX the decode uses (and, shr, shl, prmt, lop3, mul.rn.f16x2)."""
-    regs: dict[str, int] = {}
-
-    def val(tok: str) -> int:
-        tok = tok.strip()
-        if tok.startswith("{$r"):
-            return inputs[int(tok[3:-1])]
-        if tok.startswith("0x") or tok.isdigit():
-            return int(tok, 0)
-        return regs[tok]
-
-    outs = [0] * n_out
-    for line in text.splitlines():
-        line = line.strip().rstrip(";")
-        if not line or line in "{}" or line.startswith(".reg"):
-            continue
-        op, rest = line.split(None, 1)
-        args = [t.strip() for t in rest.split(",")]
-        dst, srcs = args[0], [val(t) for t in args[1:]]
-        m = 0xFFFFFFFF
-        if op == "and.b32":
-            r = srcs[0] & srcs[1]
-        elif op == "shr.u32":
-            r = srcs[0] >> srcs[1]
-        elif op == "shl.b32":
-            r = (srcs[0] << srcs[1]) & m
-        elif op == "prmt.b32":
-            r = _prmt(*srcs)
-        elif op == "lop3.b32":
-            a, b, c, lut = srcs
-            r = 0
-            for bit in range(32):
-                idx = (((a >> bit) & 1) << 2) | (((b >> bit) & 1) << 1) | ((c >> bit) & 1)
-                r |= ((lut >> idx) & 1) << bit
-        elif op == "mul.rn.f16x2":
-            r = _f16_mul(srcs[0], srcs[1])
-        else:
-            raise AssertionError(f"unexpected PTX op {op}")
-        if dst.startswith("{$w"):
-            outs[int(dst[3:-1])] = r
-        else:
-            regs[dst] = r
-    return outs
 
 
 @needs_cutlass
