@@ -10,7 +10,7 @@
 #   verdicts  first_token chat+thinking on cutedsl_sm90 (bug-budget column = exact audit), parity.audit run,
 #             a 300-token teacher-forced decode with every call audited, CUDA-graph decode vs eager
 #   dspark    DSpark draft parity on cutedsl_sm90, chat and thinking (each must finish in 3 min), over
-#             DSV4_DSPARK_RANKS torchrun ranks sharing the GPU (default 5: one prompt each)
+#             DSV4_DSPARK_RANKS torchrun ranks sharing the GPU (default 15: one (column, prompt) unit each)
 #   zoo       the bug zoo's kernel faults injected around the real sm_90a kernels + clean row, and the
 #             audit's cost beside the plain forward (benchmarks/bench_audit.py)
 set -u
@@ -51,9 +51,9 @@ run_part() {
     step decode_graphs 90 python3 -m parity.decode --teacher-forced --tokens 64 --prompt chat-capital --device cuda \
         --backend cutedsl_sm90 --graphs --json "$RES/decode64_graphs.json" ;;
   dspark)
-    step dspark_chat 180 python3 -m torch.distributed.run --standalone --nproc-per-node "${DSV4_DSPARK_RANKS:-5}" \
+    step dspark_chat 180 python3 -m torch.distributed.run --standalone --nproc-per-node "${DSV4_DSPARK_RANKS:-15}" \
         -m parity.dspark --mode chat --device cuda --backend cutedsl_sm90 --json "$RES/dspark_chat.json"
-    step dspark_thinking 180 python3 -m torch.distributed.run --standalone --nproc-per-node "${DSV4_DSPARK_RANKS:-5}" \
+    step dspark_thinking 180 python3 -m torch.distributed.run --standalone --nproc-per-node "${DSV4_DSPARK_RANKS:-15}" \
         -m parity.dspark --mode thinking --device cuda --backend cutedsl_sm90 --json "$RES/dspark_thinking.json" ;;
   zoo)
     step zoo_kernel_faults 300 python3 -m parity.bugzoo --device cuda --backend cutedsl_sm90 \

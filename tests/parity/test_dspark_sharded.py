@@ -1,5 +1,6 @@
 """DSpark draft parity over torchrun ranks (parity/dspark/sharded.py) gives what one process gives:
-the whole JSON summary (checks, acceptance, the merged kernel audit) equal for 2 and 3 ranks, gloo
+the whole JSON summary (checks, acceptance, the merged kernel audit) equal for 2 and 4 ranks (units
+of one column and one prompt, round robin: shares that mix columns, ranks with a single unit), gloo
 on CPU, with the example kernel backend so that the bug-budget column and its audit run too. A rank
 that does not start with the first prompt replays its draft calls first: without that, its frozen
 activation scales differ from one process's and so do its results (the control below)."""
@@ -32,7 +33,7 @@ def one_process(tmp_path_factory) -> dict:
     return _run([sys.executable, "-m", "parity.dspark"], tmp_path_factory.mktemp("one") / "one.json")
 
 
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 4])   # 6 (column, prompt) units: mixed shares; single-unit ranks
 def test_ranks_give_the_summary_of_one_process(tmp_path, one_process, n) -> None:
     got = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
                 "-m", "parity.dspark"], tmp_path / "ranks.json")
@@ -63,3 +64,35 @@ def test_a_rank_starting_elsewhere_replays_the_first_prompts_draft_calls() -> No
     whole = seen(run_draft_parity(spec))
     assert seen(run_draft_parity(replace(spec, prompts=[other], freeze_prompt=first))) == whole
     assert seen(run_draft_parity(replace(spec, prompts=[other]))) != whole     # the control: scales of another first call
+
+
+def test_merge_keeps_prompt_order_and_the_earliest_prompts_first_violation() -> None:
+    """Pure merge logic: parts arrive in rank order, which under (column, prompt) units is not prompt
+    order; the merged column lists prompts in order and reports the violation one process meets first."""
+    from types import SimpleNamespace
+
+    from parity.dspark.run import ColumnRun, DraftParityResult
+    from parity.dspark.sharded import merge
+
+    prompts = [SimpleNamespace(id=f"p{i}") for i in range(3)]
+    spec = SimpleNamespace(prompts=prompts, columns=["logic", "bug_budget"])
+
+    def col(name: str, ids: list[str], first: str | None) -> ColumnRun:
+        c = ColumnRun(name, "a", "t", True, rows=[{"prompt": i, "value": n} for n, i in enumerate(ids)])
+        c.greedy = {"anchor": {i: [n] for n, i in enumerate(ids)}}
+        if name == "bug_budget":
+            c.audit = {"calls": 10 * len(ids), "violations": int(first is not None), "violating_calls": int(first is not None),
+                       "worst_ratio": 2.0 if first else 0.5, "errors": [],
+                       "first": {"prompt_id": first, "module": f"m-{first}"} if first else None}
+        return c
+
+    parts = [DraftParityResult(None, {"bug_budget": col("bug_budget", ["p2"], "p2")}),
+             DraftParityResult(None, {"logic": col("logic", ["p1", "p0"], None),
+                                      "bug_budget": col("bug_budget", ["p1"], "p1")}),
+             DraftParityResult(None, {"logic": col("logic", ["p2"], None), "bug_budget": col("bug_budget", ["p0"], None)})]
+    got = merge(spec, parts)
+    assert list(got.columns) == ["logic", "bug_budget"]
+    assert [r["prompt"] for r in got.columns["logic"].rows] == ["p0", "p1", "p2"]
+    assert list(got.columns["logic"].greedy["anchor"]) == ["p0", "p1", "p2"]
+    audit = got.columns["bug_budget"].audit
+    assert audit["calls"] == 30 and audit["violations"] == 2 and audit["first"]["prompt_id"] == "p1"
