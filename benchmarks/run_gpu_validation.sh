@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU validation of issue-sized claims, run from the repo root on an H100/H200 with CuTe DSL on
-# PYTHONPATH:  bash benchmarks/run_gpu_validation.sh [tests|parity-zoo|parity-rest|verdicts|dspark|zoo|all]
+# PYTHONPATH:  bash benchmarks/run_gpu_validation.sh PART  (the parts below, or all)
 # Parts fit one 10-minute device call each and append to the same results directory (/tmp/gpu-results,
 # kept while the machine is warm); every part rewrites one JSON summary naming the card
 # (benchmarks/gpu_validation_summary.py) and copies it, with the log, to $OUT.
-#   tests     pytest -m "(gpu or sm90) and not parity" (93 s on an H100)
+#   tests     pytest -m "(gpu or sm90) and not parity" (142 tests, 165 s on an H100 beside the verdicts part)
 #   parity-zoo / parity-rest: pytest -m parity in two calls, the bug-zoo file and the rest (the whole
 #             marker took over 540 s on an H100: 84 of 92 tests); junit XML counted
 #   verdicts  first_token chat+thinking on cutedsl_sm90 (bug-budget column = exact audit), parity.audit run,
@@ -13,6 +13,10 @@
 #             DSV4_DSPARK_RANKS torchrun ranks sharing the GPU (default 15: one (column, prompt) unit each)
 #   zoo       the bug zoo's kernel faults injected around the real sm_90a kernels + clean row, and the
 #             audit's cost beside the plain forward (benchmarks/bench_audit.py)
+#   parity    parity-zoo and parity-rest side by side (two processes share the GPU well: on an H100 the
+#             tests and verdicts parts ran side by side in 165 s and 250 s)
+#   realwidth-flash / realwidth-pro: benchmarks/bench_real_width.py at the exact shapes (one call each;
+#             the JSON goes to $OUT, then benchmarks/real_width_table.py makes reports/real_width.md)
 set -u
 PART=${1:-all}
 RES=/tmp/gpu-results
@@ -61,7 +65,14 @@ run_part() {
         --fault kernel_act_scale_1_in_64 --fault kernel_alpha_of_next_expert --json "$RES/zoo_kernel_faults.json"
     step bench_audit 120 python3 benchmarks/bench_audit.py --checkpoint tiny-trained --backend cutedsl_sm90 \
         --device cuda --json "$RES/bench_audit.json" ;;
-  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, verdicts, dspark, zoo or all)"; return 2 ;;
+  parity)
+    run_part parity-zoo & run_part parity-rest & wait ;;
+  realwidth-flash|realwidth-pro)
+    local model=${1#realwidth-}
+    step "real_width_$model" 570 python3 benchmarks/bench_real_width.py --model "$model" --budget-s 500 \
+        --workdir /tmp/dsv4-rw --out "$RES/real_width_$model.json"
+    if [ -n "${OUT:-}" ]; then cp "$RES/real_width_$model.json" "$OUT/" 2>/dev/null; fi ;;
+  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, verdicts, dspark, zoo, realwidth-flash, realwidth-pro or all)"; return 2 ;;
   esac
 }
 {
