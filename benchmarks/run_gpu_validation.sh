@@ -10,7 +10,7 @@
 #   verdicts  first_token chat+thinking on cutedsl_sm90 (bug-budget column = exact audit), parity.audit run,
 #             a 300-token teacher-forced decode with every call audited, CUDA-graph decode vs eager
 #   dspark    DSpark draft parity on cutedsl_sm90, chat and thinking (each must finish in 3 min), over
-#             DSV4_DSPARK_RANKS torchrun ranks sharing the GPU (default 15: one (column, prompt) unit each)
+#             DSV4_DSPARK_RANKS torchrun ranks sharing the GPU (default 15: units of (column, part, prompt), sharded.py)
 #   zoo       the bug zoo's kernel faults injected around the real sm_90a kernels + clean row, and the
 #             audit's cost beside the plain forward (benchmarks/bench_audit.py)
 #   parity    parity-zoo and parity-rest side by side (two processes share the GPU well: on an H100 the

@@ -30,6 +30,8 @@ from .sides import Side, native_side, reference_side
 COLUMNS = ("logic", "floor", "bug_budget")
 MODES = ("propagated", "isolated")
 PAIRS = ("anchor+anchor", "test+test", "anchor+test", "test+anchor")   # target+draft
+# what a column does per prompt: the compared draft calls, the speculative pairs, plain greedy decoding
+PARTS = ("draft_calls", *PAIRS, "greedy")
 Progress = Callable[[str], None]
 
 
@@ -57,6 +59,9 @@ class DraftSpec:
     # a rank of a sharded run (sharded.py) whose prompts do not start with the run's first: its draft
     # calls are replayed first, unjudged, so that frozen activation scales are those of one process
     freeze_prompt: EncodedPrompt | None = None
+    # a subset of PARTS (a sharded run splits the costly bug-budget prompts in two; sharded.py): without
+    # "draft_calls" the frozen scales must come from ``freeze_prompt``
+    parts: Sequence[str] = PARTS
 
 
 @dataclass
@@ -71,6 +76,7 @@ class ColumnRun:
     greedy: dict[str, dict[str, list[int]]] = field(default_factory=dict)          # anchor/test -> prompt
     audit: dict[str, Any] = field(default_factory=dict)
     weight_audit: dict[str, Any] = field(default_factory=dict)
+    parts: tuple[str, ...] = PARTS     # what this run did per prompt (a sharded run's unit may do less)
 
 
 @dataclass
@@ -110,7 +116,7 @@ def run_column(spec: DraftSpec, column: str, kernel: str | None, progress: Progr
     stage_bias = _stage_bias(spec.source)
     progress(f"{column}: loading both sides")
     anchor, test = make_anchor(), make_test()
-    run = ColumnRun(column, anchor.label, test.label, True)
+    run = ColumnRun(column, anchor.label, test.label, True, parts=tuple(spec.parts))
     c = spec.source.config
     if spec.freeze_prompt is not None:
         progress(f"{column}: replaying {spec.freeze_prompt.id}'s draft calls (frozen scales of one process)")
@@ -125,27 +131,32 @@ def run_column(spec: DraftSpec, column: str, kernel: str | None, progress: Progr
         auditor = CallAuditor()
         auditor.attach(test.dspark.target)
     try:
+        pairs = [q for q in PAIRS if q in spec.parts]
         for n, p in enumerate(spec.prompts):
-            progress(f"{column}: prompt {n + 1}/{len(spec.prompts)} {p.id}: draft call")
             ids = p.tensor()
             if auditor is not None:
                 auditor.prompt_id = p.id
-            a, tests = _draft_calls(anchor, test, ids)
-            for mode, t in tests.items():
-                for row in compare_captures(a, t, n_layers=c.num_hidden_layers, stages=c.dspark_stages,
-                                            near_tie=spec.floor_near_tie if floor else spec.near_tie,
-                                            router_tie=spec.floor_router_tie if floor else 0.0,
-                                            router_bias=stage_bias):
-                    run.rows.append({"column": column, "mode": mode, "prompt": p.id, "prompt_mode": p.mode, **row})
+            if "draft_calls" in spec.parts:
+                progress(f"{column}: prompt {n + 1}/{len(spec.prompts)} {p.id}: draft call")
+                a, tests = _draft_calls(anchor, test, ids)
+                for mode, t in tests.items():
+                    for row in compare_captures(a, t, n_layers=c.num_hidden_layers, stages=c.dspark_stages,
+                                                near_tie=spec.floor_near_tie if floor else spec.near_tie,
+                                                router_tie=spec.floor_router_tie if floor else 0.0,
+                                                router_bias=stage_bias):
+                        run.rows.append({"column": column, "mode": mode, "prompt": p.id, "prompt_mode": p.mode,
+                                         **row})
             if spec.n_tokens <= 0:   # calibration: the draft calls only
                 continue
-            progress(f"{column}: prompt {n + 1}/{len(spec.prompts)} {p.id}: speculation, 4 pairs")
             sides = {"anchor": anchor, "test": test}
-            for pair in PAIRS:
+            if pairs:
+                progress(f"{column}: prompt {n + 1}/{len(spec.prompts)} {p.id}: speculation, {len(pairs)} pairs")
+            for pair in pairs:
                 tgt, drf = pair.split("+")
                 run.spec.setdefault(pair, {})[p.id] = speculate(sides[tgt], sides[drf], ids, spec.n_tokens)
-            for name, side in sides.items():
-                run.greedy.setdefault(name, {})[p.id] = greedy(side, ids, spec.n_tokens)
+            if "greedy" in spec.parts:
+                for name, side in sides.items():
+                    run.greedy.setdefault(name, {})[p.id] = greedy(side, ids, spec.n_tokens)
     finally:
         if auditor is not None:
             auditor.detach()
@@ -182,6 +193,13 @@ def run_draft_parity(spec: DraftSpec, progress: Progress | None = None) -> Draft
         from ..errors import ParityInputError
 
         raise ParityInputError(f"columns: expected a subset of {list(COLUMNS)}, found {bad}")
+    bad = [q for q in spec.parts if q not in PARTS]
+    if bad or not spec.parts or ("draft_calls" not in spec.parts and spec.freeze_prompt is None):
+        from ..errors import ParityInputError
+
+        raise ParityInputError(f"parts: expected a non-empty subset of {list(PARTS)}, with a freeze_prompt when "
+                               f"'draft_calls' is left out (its calls set the frozen scales), found "
+                               f"{list(spec.parts)} (freeze_prompt {getattr(spec.freeze_prompt, 'id', None)})")
     if not spec.source.config.dspark_block_size:
         from ..errors import ParityInputError
 

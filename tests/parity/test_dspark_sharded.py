@@ -66,33 +66,52 @@ def test_a_rank_starting_elsewhere_replays_the_first_prompts_draft_calls() -> No
     assert seen(run_draft_parity(replace(spec, prompts=[other]))) != whole     # the control: scales of another first call
 
 
-def test_merge_keeps_prompt_order_and_the_earliest_prompts_first_violation() -> None:
-    """Pure merge logic: parts arrive in rank order, which under (column, prompt) units is not prompt
-    order; the merged column lists prompts in order and reports the violation one process meets first."""
+def test_merge_keeps_prompt_order_and_the_first_violation_one_process_meets() -> None:
+    """Pure merge logic: units arrive in rank order, which is neither prompt nor part order; the merged
+    column lists prompts and pairs in order and reports the violation one process meets first (the
+    earliest prompt's, and there the draft-call half's before the crossed pairs')."""
     from types import SimpleNamespace
 
-    from parity.dspark.run import ColumnRun, DraftParityResult
-    from parity.dspark.sharded import merge
+    from parity.dspark.run import PAIRS, ColumnRun
+    from parity.dspark.sharded import SPLIT, merge
 
     prompts = [SimpleNamespace(id=f"p{i}") for i in range(3)]
     spec = SimpleNamespace(prompts=prompts, columns=["logic", "bug_budget"])
+    half_a, half_b = SPLIT["bug_budget"]
 
-    def col(name: str, ids: list[str], first: str | None) -> ColumnRun:
-        c = ColumnRun(name, "a", "t", True, rows=[{"prompt": i, "value": n} for n, i in enumerate(ids)])
-        c.greedy = {"anchor": {i: [n] for n, i in enumerate(ids)}}
+    def col(name: str, ids: list[str], first: str | None = None, parts=None) -> ColumnRun:
+        kw = {"parts": parts} if parts else {}
+        c = ColumnRun(name, "a", "t", True, rows=[{"prompt": i, "value": n} for n, i in enumerate(ids)], **kw)
+        pairs = [q for q in PAIRS if q in (parts or PAIRS)]
+        c.spec = {q: {i: [n] for n, i in enumerate(ids)} for q in reversed(pairs)}   # out of order on purpose
         if name == "bug_budget":
             c.audit = {"calls": 10 * len(ids), "violations": int(first is not None), "violating_calls": int(first is not None),
                        "worst_ratio": 2.0 if first else 0.5, "errors": [],
-                       "first": {"prompt_id": first, "module": f"m-{first}"} if first else None}
+                       "first": {"prompt_id": first, "module": f"{parts[0]}-{first}"} if first else None}
         return c
 
-    parts = [DraftParityResult(None, {"bug_budget": col("bug_budget", ["p2"], "p2")}),
-             DraftParityResult(None, {"logic": col("logic", ["p1", "p0"], None),
-                                      "bug_budget": col("bug_budget", ["p1"], "p1")}),
-             DraftParityResult(None, {"logic": col("logic", ["p2"], None), "bug_budget": col("bug_budget", ["p0"], None)})]
-    got = merge(spec, parts)
+    runs = [col("bug_budget", ["p2"], "p2", half_a), col("bug_budget", ["p1"], "p1", half_b),
+            col("logic", ["p1", "p0"]), col("bug_budget", ["p1"], "p1", half_a), col("logic", ["p2"]),
+            col("bug_budget", ["p0"], None, half_a), col("bug_budget", ["p0", "p2"], None, half_b)]
+    got = merge(spec, runs)
     assert list(got.columns) == ["logic", "bug_budget"]
     assert [r["prompt"] for r in got.columns["logic"].rows] == ["p0", "p1", "p2"]
-    assert list(got.columns["logic"].greedy["anchor"]) == ["p0", "p1", "p2"]
-    audit = got.columns["bug_budget"].audit
-    assert audit["calls"] == 30 and audit["violations"] == 2 and audit["first"]["prompt_id"] == "p1"
+    bb = got.columns["bug_budget"]
+    assert list(bb.spec) == list(PAIRS) and all(list(v) == ["p0", "p1", "p2"] for v in bb.spec.values())
+    assert bb.audit["calls"] == 60 and bb.audit["violations"] == 3
+    assert bb.audit["first"] == {"prompt_id": "p1", "module": "draft_calls-p1"}
+
+
+def test_units_split_the_bug_budget_in_two_and_put_it_first() -> None:
+    from types import SimpleNamespace
+
+    from parity.dspark.run import PARTS
+    from parity.dspark.sharded import units
+
+    spec = SimpleNamespace(columns=["logic", "floor", "bug_budget"], prompts=["p0", "p1"], parts=PARTS)
+    got = [(c, part[0], p) for c, part, p in units(spec)]
+    assert got == [("bug_budget", "draft_calls", "p0"), ("bug_budget", "draft_calls", "p1"),
+                   ("bug_budget", "anchor+test", "p0"), ("bug_budget", "anchor+test", "p1"),
+                   ("floor", "draft_calls", "p0"), ("floor", "draft_calls", "p1"),
+                   ("logic", "draft_calls", "p0"), ("logic", "draft_calls", "p1")]
+    assert sorted(q for c, part, p in units(spec) if c == "bug_budget" and p == "p0" for q in part) == sorted(PARTS)
