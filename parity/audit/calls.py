@@ -99,6 +99,8 @@ class CallCheck:
         self.worst_ratio = max(self.worst_ratio, worst)
         if inf_bad:
             self.worst_ratio = float("inf")
+        if n_bad == 0:
+            return
         for idx in bad.nonzero()[: max(0, MAX_EXAMPLES - len(self.examples))].tolist():
             t = tuple(idx)
             self.examples.append(Element(_where(where, t), float(expected[t]), float(got[t]), float(bound[t])))
@@ -123,6 +125,20 @@ def _where(names: list[str], idx: tuple[int, ...]) -> str:
     return f"{head}[{coords}]"
 
 
+def _clean(check: CallCheck, e: torch.Tensor, g: torch.Tensor, b: torch.Tensor, err: torch.Tensor) -> bool:
+    """The common case in one host read and a few kernels: every value finite, every bound positive
+    and every error within it. Then the call is recorded as the full judgement would record it (its
+    elements, the worst ratio with the same clamp) and True is returned; otherwise nothing is
+    recorded and the full judgement runs."""
+    ok = (torch.isfinite(e) & torch.isfinite(g) & (b > 0) & (err <= b)).all()
+    worst, clean = torch.stack([(err / b.clamp(min=1e-38)).amax(), ok.to(torch.float32)]).tolist()
+    if clean != 1.0:
+        return False
+    check.elements += err.numel()
+    check.worst_ratio = max(check.worst_ratio, worst)
+    return True
+
+
 def _compare(check: CallCheck, where: list[str], expected: torch.Tensor, got: torch.Tensor,
              bound: torch.Tensor) -> None:
     # FP32: the difference's own rounding (2^-24 relative) is far inside the bounds' BOUND_SLACK.
@@ -130,6 +146,8 @@ def _compare(check: CallCheck, where: list[str], expected: torch.Tensor, got: to
     e = expected.to(torch.float32)
     g, b = got.to(e.device, torch.float32), bound.to(e.device, torch.float32)
     err = (g - e).abs()
+    if err.numel() and _clean(check, e, g, b, err):
+        return
     both_nan = torch.isnan(e) & torch.isnan(g)
     same_inf = torch.isinf(e) & torch.isinf(g) & (torch.sign(e) == torch.sign(g))
     ok = both_nan | same_inf | (err <= b)

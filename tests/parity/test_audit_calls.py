@@ -186,3 +186,35 @@ def test_a_weight_changed_in_place_is_decoded_again() -> None:
     w.packed[0, :] ^= 0x77                      # row 0 changes: the oracle (and the backend) see the new bytes
     assert not audit_gemm(req, before).passed
     assert audit_gemm(req, _fp64_order(req)).passed and audit_gemm(req, BE.gemm(req)).passed
+
+
+def test_the_one_read_path_records_a_clean_comparison_as_the_full_judgement_does(monkeypatch) -> None:
+    """parity.audit.calls._clean: on clean data the same elements and worst ratio as the element-wise
+    judgement (bounds down to subnormals, where the ratio's clamp matters); an error one FP32 step
+    above its bound still goes to the judgement and is caught."""
+    import torch
+
+    from parity.audit import calls
+
+    g = torch.Generator().manual_seed(3)
+    e = torch.randn(64, 48, generator=g)
+    b = torch.rand(64, 48, generator=g) * 1e-3 + torch.tensor(1e-40)   # some bounds subnormal
+    got = e + (torch.rand(64, 48, generator=g) * 2 - 1) * b
+
+    def judged(fast: bool) -> calls.CallCheck:
+        if not fast:
+            monkeypatch.setattr(calls, "_clean", lambda *a: False)
+        check = calls.CallCheck("gemm")
+        calls._compare(check, ["out", "m=", "n="], e, got, b)
+        monkeypatch.undo()
+        return check
+
+    fast, full = judged(True), judged(False)
+    assert (fast.elements, fast.violations, fast.worst_ratio) == (full.elements, full.violations, full.worst_ratio)
+    assert fast.violations == 0 and 0 < fast.worst_ratio <= 1
+
+    bound = torch.tensor([2.0 - 2.0 ** -23], dtype=torch.float32)
+    err = torch.nextafter(bound, torch.tensor([4.0]))      # one FP32 step above the bound
+    check = calls.CallCheck("gemm")
+    calls._compare(check, ["out"], torch.zeros(1), err, bound)
+    assert check.violations == 1
