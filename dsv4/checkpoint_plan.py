@@ -65,11 +65,13 @@ def check_plan_against_checkpoint(plan: PrecisionPlan, reader: Any) -> None:
     qc: QuantConfig | None = reader.quant_config
     if qc is None or qc.producer not in _NVFP4_PRODUCERS or plan.act_dtype == "fp32":
         return
-    hf_names = _hf_modules(reader) if reader.layout.naming == "hf" else {}
+    # the layout's own module names; compressed-tensors' published ignore list also names transformers modules
+    # ('lm_head') beside official ones ('re:.*\.gate$'), so both are tried there
+    hf_names = _hf_modules(reader) if reader.layout.naming == "hf" or qc.producer == "compressed-tensors" else {}
     for cls, fmts in stored_formats(reader).items():
         want = plan[cls]
         for full, kind in fmts.items():
-            pat = qc.excludes(hf_names.get(full, full))   # the layout's own module names
+            pat = qc.excludes(hf_names.get(full, full)) or qc.excludes(full)
             # excluded = left by the quantizer as stored: NVIDIA's MIXED_PRECISION release ignores its
             # FP8-block attention / shared experts, so fp8 there is the checkpoint itself, not a requantization
             if pat is not None and want in ("fp4", "fp8") and want != _PLAN_OF_STORED.get(kind):

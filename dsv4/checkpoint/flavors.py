@@ -5,6 +5,9 @@ scheme and role suffixes a checkpoint uses is its layout's to say (``layouts.py`
   MXFP4 routed experts; also accepted with a ``model.`` prefix (transformers' ``save_pretrained``).
 * ``nvidia-nvfp4``: official names; main-layer routed experts in NVFP4 (``weight``,
   ``weight_scale``, ``weight_scale_2``, ``input_scale``); MTP experts stay MXFP4.
+* ``compressed-tensors``: official names; NVFP4 main-layer experts as ``weight_packed``, ``weight_scale``,
+  ``weight_global_scale``, ``input_global_scale``; FP8-block attention as ``weight`` + ``weight_scale``
+  (its layout's ``fp8_roles``); the rest, the draft included, BF16 ``weight``.
 * ``tf-saved``: what transformers 5.x ``save_pretrained`` writes (its reverse of conversion_mapping.py's
   renames, read from a real save of transformers 5.23): official names under ``model.``, except four it
   cannot undo: ``model.embed_tokens``, ``head``, ``model.hc_head.hc_{fn,base,scale}``, and the attention

@@ -2,8 +2,8 @@
 
 A stored weight is a set of tensors (by role) plus a ``WeightFormat``. Roles: ``weight`` (the main
 tensor), ``scale`` (UE8M0 block scales of FP8-block / MXFP4 weights; FP32 for the Flash-Base
-layout), ``weight_scale`` (NVFP4 E4M3 per 16), ``weight_scale_2`` (NVFP4 FP32 global),
-``input_scale`` (NVFP4 static activation scale). Dequantization is NOT here: the reference and the
+layout and the compressed-tensors writer), ``weight_scale`` (NVFP4 E4M3 per 16), ``weight_scale_2``
+(NVFP4 FP32 global), ``input_scale`` (NVFP4 static activation scale). Dequantization is NOT here: the reference and the
 native side each implement it, on purpose (docs/design.md principle 2).
 """
 from __future__ import annotations
@@ -143,7 +143,8 @@ def infer_format(spec: WeightSpec, roles: Mapping[str, TensorInfo]) -> WeightFor
             raise _err(spec, w.name, "shape", [N, K], list(w.shape))
         s = roles["scale"]
         if s.dtype not in UE8M0_DTYPES + ("F32",):
-            raise _err(spec, s.name, "dtype", "F8_E8M0 / U8 (UE8M0) or F32 (Flash-Base)", s.dtype)
+            raise _err(spec, s.name, "dtype", "F8_E8M0 / U8 (UE8M0) or F32 (Flash-Base, compressed-tensors)",
+                       s.dtype)
         want = (ceil_div(N, 128), ceil_div(K, 128))
         if s.shape != want:
             raise _err(spec, s.name, "shape (one scale per 128x128 block)", list(want), list(s.shape))

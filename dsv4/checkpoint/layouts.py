@@ -17,19 +17,39 @@ Detection, validation, lazy reading and the synthetic writer all follow from the
   (F32 where BF16 belongs is a different checkpoint, not a detail);
 * ``global_scale``: ``multiplier`` (ModelOpt ``weight_scale_2`` = amax/2688) or ``reciprocal``
   (compressed-tensors ``weight_global_scale`` = 2688/amax; nvfp4-and-kernels.md §3.4);
-* ``marker``: the stored-name pattern whose presence identifies it, with the reason printed.
+* ``marker``: the stored-name pattern whose presence identifies it, with the reason printed;
+* ``fp8_roles``: the stored suffixes of its FP8-block linears where they differ from ``roles``
+  (compressed-tensors: ``weight`` + ``weight_scale`` beside NVFP4's ``weight_packed``), and
+  ``fp8_scale_dtype``, the dtype its writer stores their 128x128 block scales in;
+* ``rules``: where set, the writer's format per weight, first match wins over the official full name,
+  anything unmatched BF16 (compressed-tensors: NVFP4 main-layer experts, FP8-block attention);
+* ``draft_copies``: tensors a draft block stores as copies of trunk weights (canonical name in the
+  block -> the trunk weight): the compressed-tensors export keeps its calibration model's shared
+  embed / head under ``mtp.N.emb.tok_emb`` / ``mtp.N.head``.
+
+Forms we once read into a layout and no published checkpoint has are refused by name (``RETIRED``).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping
 
 from .errors import CheckpointError
 from .flavors import HF_ROLES as _HF_ROLES, OFFICIAL_ROLES as _OFFICIAL_ROLES
+from .names import TABLE, WeightSpec
+
+if TYPE_CHECKING:
+    from ..config import DSV4Config
 
 _CT_ROLES = {"weight": ".weight_packed", "weight_scale": ".weight_scale",
              "weight_scale_2": ".weight_global_scale", "input_scale": ".input_global_scale"}
+# compressed-tensors as published (tests/dsv4/checkpoint/published/canada-quant-flash-nvfp4-fp8-mtp-notes):
+# official names; NVFP4 main-layer routed experts; FP8 block 128x128 attention projections, 'weight' +
+# 'weight_scale'; everything else BF16, the NextN draft mtp.* included
+_CT_FP8_ROLES = {"weight": ".weight", "scale": ".weight_scale"}
+_CT_RULES = ((r"^layers\.\d+\.ffn\.experts\.\d+\.w[123]$", "nvfp4"),
+             (r"^layers\.\d+\.attn\.(wq_a|wq_b|wkv|wo_a|wo_b)$", "fp8"))
 # what the official releases store (spec §2.1-§2.4, dspark.md §3.1)
 _OFFICIAL_DTYPES = {"norm": ("BF16",), "table": ("BF16",), "param": ("F32",), "mxfp4": ("I8",),
                     "nvfp4": ("U8",), "fp8_block": ("F8_E4M3",), "dense": ("BF16",)}
@@ -51,16 +71,36 @@ class Layout:
     dtypes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)   # empty: any float dtype
     quant_method: str | None = None   # the quantization_config the synthetic writer records
     config_form: str = "hf"           # "hf" | "transformers" | "transformers-saved" (what synth writes)
+    fp8_roles: Mapping[str, str] | None = None   # FP8-block linears' suffixes where they differ from roles
+    fp8_scale_dtype: str = "F8_E8M0"  # what the writer stores FP8 block scales as ("F8_E8M0" | "F32")
+    rules: tuple[tuple[str, str], ...] = ()      # (regex over official full names, writer format); else BF16
+    draft_copies: tuple[tuple[str, str], ...] = ()   # (name in each NextN block, trunk weight it copies)
 
     def allowed_dtypes(self, kind: str) -> tuple[str, ...] | None:
         return self.dtypes.get(kind)
 
+    def rule_format(self, full_name: str) -> str | None:
+        """The writer's format of a linear by ``rules`` ("nvfp4" | "fp8" | "bf16"), None without rules."""
+        if not self.rules:
+            return None
+        return next((fmt for rx, fmt in self.rules if re.match(rx, full_name)), "bf16")
+
+    def draft_copy_specs(self, c: DSV4Config) -> list[tuple[WeightSpec, WeightSpec]]:
+        """(copy, trunk weight) per NextN draft block of ``c`` for the layout's ``draft_copies``."""
+        if not self.draft_copies or c.dspark_block_size:
+            return []
+        trunk = {"embed": (c.vocab_size, c.hidden_size), "head": (c.vocab_size, c.hidden_size)}
+        return [(WeightSpec(name, None, trunk[src], TABLE, j), WeightSpec(src, None, trunk[src], TABLE))
+                for j in range(c.num_nextn_predict_layers) for name, src in self.draft_copies]
+
 
 LAYOUTS: dict[str, Layout] = {l.name: l for l in (
-    Layout("compressed-tensors", "llm-compressor / compressed-tensors NVFP4 (the format vLLM serves)", "hf",
-           _CT_ROLES, ("none",), "nvfp4", "nvfp4", r"\.weight_packed$",
-           "tensors named '*.weight_packed' (compressed-tensors NVFP4)", global_scale="reciprocal",
-           quant_method="compressed-tensors"),
+    Layout("compressed-tensors", "llm-compressor / compressed-tensors mixed precision (the format vLLM serves): "
+           "official names, NVFP4 routed experts, FP8-block attention, the rest BF16", "official",
+           _CT_ROLES, ("none", "nextn"), "nvfp4", "fp8_block", r"^(layers|mtp)\.\d+\..*\.weight_packed$",
+           "official names with '*.weight_packed' (compressed-tensors NVFP4)", global_scale="reciprocal",
+           quant_method="compressed-tensors", fp8_roles=_CT_FP8_ROLES, fp8_scale_dtype="F32", rules=_CT_RULES,
+           draft_copies=(("emb.tok_emb", "embed"), ("head", "head"))),
     Layout("hf", "transformers-5.x names (BF16, FP8 block or ModelOpt NVFP4 per tensor)", "hf", _HF_ROLES, ("none", "nextn", "dspark"),
            "dense", "dense", r"^(model\.layers\.\d+\.(self_attn|mlp)\.|lm_head\.weight$)",
            "transformers module names ('model.layers.N.self_attn.*' / 'lm_head.weight')",
@@ -92,10 +132,23 @@ def get_layout(name: str) -> Layout:
         raise CheckpointError(f"checkpoint layout: expected one of {list(LAYOUTS)}, found {name!r}") from None
 
 
+# forms an earlier reading of ours described and no published checkpoint has: refused by name
+RETIRED = (
+    (r"^model\.layers\.\d+\..*\.weight_packed$",
+     "compressed-tensors with transformers module names (our earlier reading; the published export uses "
+     "official names): expected names such as 'layers.N.ffn.experts.E.w1.weight_packed' and "
+     "'layers.N.attn.wq_a.weight_scale' (docs/formats.md)"),
+)
+
+
 def detect_layout(names: Iterable[str]) -> tuple[Layout, str]:
     """The first layout (in the order above, most specific first) whose marker a stored name matches,
     and why. Nothing matches: one error naming the closest layout and the first names that differ."""
     names = sorted(names)
+    for rx, why in RETIRED:
+        hit = next((n for n in names if re.search(rx, n)), None)
+        if hit is not None:
+            raise CheckpointError(f"checkpoint layout: {why}; found '{hit}'")
     for layout in LAYOUTS.values():
         rx = re.compile(layout.marker)
         hit = next((n for n in names if rx.search(n)), None)
@@ -112,7 +165,8 @@ _EXAMPLES = {
     "hf": ("model.embed_tokens.weight", "lm_head.weight", "model.layers.0.self_attn.q_a_proj.weight"),
     "transformers-saved": ("model.embed_tokens.weight", "head.weight", "model.layers.0.attn.wq_a.weight",
                            "model.hc_head.hc_fn"),
-    "compressed-tensors": ("model.embed_tokens.weight", "model.layers.0.mlp.experts.0.gate_proj.weight_packed"),
+    "compressed-tensors": ("embed.weight", "layers.0.attn.wq_a.weight_scale",
+                           "layers.0.ffn.experts.0.w1.weight_packed"),
 }
 
 

@@ -119,11 +119,22 @@ def layout_quant_files(layout: Any, c: DSV4Config) -> dict[str, Any]:
         qc.pop("exclude_modules")   # config.json spells the list 'ignore', hf_quant_config.json 'exclude_modules'
         return {"quantization_config": qc, HF_QUANT_FILE: {"producer": producer, "quantization": q}}
     if layout.quant_method == "compressed-tensors":
-        scheme = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}
+        # the published export's config (canada-quant-flash-nvfp4-fp8-mtp-notes facts.json, 'recipe'): format
+        # mixed-precision, an FP8-block group over the attention projections, an NVFP4 group over the routed
+        # experts, and its ignore list, verbatim. Its targets and ignores name its calibration model's modules
+        # (experts gate/up/down_proj, lm_head, embed_tokens); the stored names are official, and the reader
+        # takes each weight's format from its tensors, not from the targets.
+        nvfp4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": True}
+        fp8 = {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128],
+               "symmetric": True, "dynamic": False}
         return {"quantization_config": {
-            "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": dict(scheme, dynamic=False),
-                                          "input_activations": dict(scheme, dynamic="local")}},
-            "ignore": ["lm_head", r"re:.*mlp\.gate$", r"re:.*compressor\.(indexer\.)?(kv_proj|gate_proj)$",
-                       r"re:.*weights_proj$"]}}
+            "quant_method": "compressed-tensors", "format": "mixed-precision",
+            "config_groups": {
+                "group_0": {"targets": [r"re:.*attn\.(wq_a|wq_b|wkv|wo_a|wo_b)$"], "weights": fp8,
+                            "input_activations": None, "format": "float-quantized"},
+                "group_1": {"targets": [r"re:.*ffn\.experts\.\d+\.(gate_proj|up_proj|down_proj)$"],
+                            "weights": dict(nvfp4, dynamic=False), "input_activations": dict(nvfp4, dynamic="local"),
+                            "format": "nvfp4-pack-quantized"}},
+            "ignore": ["lm_head", r"re:.*\.embed_tokens$", r"re:.*\.norm$", r"re:.*\.gate$", r"re:.*\.q_norm$",
+                       r"re:.*\.k_norm$", r"re:.*mtp\..*"]}}
     return {}

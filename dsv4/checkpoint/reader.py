@@ -182,7 +182,7 @@ class CheckpointReader:
             self._check_draft_kind(mtp_names)
         specs = list(all_weights(c))
         if self.has_mtp:
-            specs += draft_weights(c)
+            specs += draft_weights(c) + [copy for copy, _ in self.layout.draft_copy_specs(c)]
         missing: list[str] = []
         for spec in specs:
             if spec.mtp is not None:
@@ -196,10 +196,11 @@ class CheckpointReader:
                 cands = official_candidates(spec, prefix, self.layout.roles)
             w = cands["weight"]
             if w.name not in names and w.index is None and spec.kind == LINEAR:
-                # an unquantized linear keeps '.weight' where the layout's quantized ones differ
-                plain = w.name[: -len(self.layout.roles["weight"])] + ".weight"
-                if plain in names:
-                    cands = {"weight": Location(plain)}
+                # an unquantized linear keeps '.weight' where the layout's quantized ones differ; an FP8-block
+                # one adds its scale under the layout's fp8_roles (compressed-tensors: '.weight_scale')
+                base = w.name[: -len(self.layout.roles["weight"])]
+                if base + ".weight" in names:
+                    cands = base_candidates(spec, base, self.layout.fp8_roles or {"weight": ".weight"})
             roles = {r: loc for r, loc in cands.items() if loc.name in names}
             if "weight" not in roles:
                 missing.append(f"{cands['weight'].label()} {list(spec.shape)}")

@@ -48,9 +48,13 @@ def expected_tensors(c: DSV4Config, flavor: str) -> dict[str, tuple[str, tuple[i
     layout = get_layout(flavor)
     with_mtp = layout.naming == "official" and (c.dspark_stages > 0 or c.num_nextn_predict_layers > 0)
     out: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for spec in all_weights(c, mtp=with_mtp):
+    copies = [copy for copy, _ in layout.draft_copy_specs(c)] if with_mtp else []
+    for spec in [*all_weights(c, mtp=with_mtp), *copies]:
         if spec.kind == LINEAR:
-            kind, dtypes = _FORMATS[linear_format(spec, c, flavor, "bf16")]
+            fmt = linear_format(spec, c, flavor, "bf16")
+            kind, dtypes = _FORMATS[fmt]
+            if fmt == "fp8":
+                dtypes = dict(dtypes, scale=layout.fp8_scale_dtype)
             names = role_names(spec, dtypes, flavor)
             for role, shape in stored_shapes(kind, spec.shape).items():
                 out[names[role]] = (dtypes[role], tuple(shape))

@@ -229,6 +229,9 @@ def linear_format(spec: WeightSpec, c: DSV4Config, flavor: str, quant: str) -> s
     if name in ("ffn.gate", "attn.indexer.weights_proj") or ".compressor." in f".{name}":
         return "bf16"
     layout = get_layout(flavor)
+    ruled = layout.rule_format(spec.full_name)   # compressed-tensors: per module, as published
+    if ruled is not None:
+        return ruled
     if layout.naming == "tf-saved":   # transformers' own save: unquantized, in the model dtype
         return "bf16"
     if flavor == "hf":
@@ -237,8 +240,6 @@ def linear_format(spec: WeightSpec, c: DSV4Config, flavor: str, quant: str) -> s
         if spec.is_expert:
             return "nvfp4" if quant == "nvfp4" else "fp8"
         return "fp8" if quant == "fp8" else "bf16"
-    if layout.linear_format == "nvfp4":   # compressed-tensors: every other linear NVFP4
-        return "nvfp4"
     if spec.is_expert:
         if layout.expert_format == "nvfp4" and spec.mtp is None:
             return "nvfp4"          # MTP experts stay MXFP4 (spec §2.4)
@@ -276,15 +277,21 @@ def role_names(spec: WeightSpec, roles: Iterable[str], flavor: str) -> dict[str,
     suffix = dict(layout.roles) if hf_named or spec.mtp is None else dict(get_layout("official").roles)
     if "weight_scale_2" not in roles:      # not NVFP4: the plain suffixes of its naming scheme
         suffix["weight"] = ".weight"
+        if spec.mtp is None and layout.fp8_roles:   # and the layout's own FP8-block suffixes
+            suffix.update(layout.fp8_roles)
     return {r: base + suffix[r] for r in roles}
 
 
 def _store_roles(spec: WeightSpec, roles: dict[str, torch.Tensor], flavor: str) -> dict[str, torch.Tensor]:
     import torch
 
-    if get_layout(flavor).global_scale == "reciprocal" and "weight_scale_2" in roles:
-        roles = dict(roles, weight_scale_2=(1.0 / roles["weight_scale_2"].to(torch.float32)).reshape(1),
-                     input_scale=(1.0 / roles["input_scale"].to(torch.float32)).reshape(1))
+    layout = get_layout(flavor)
+    if layout.fp8_scale_dtype == "F32" and "scale" in roles and roles["weight"].dtype == torch.float8_e4m3fn:
+        roles = dict(roles, scale=roles["scale"].to(torch.float32))   # 2^(e-127): exact in FP32
+    if layout.global_scale == "reciprocal" and "weight_scale_2" in roles:
+        # the published export's global scales are 0-d (its post-processing squeezed compressed-tensors' [1])
+        roles = dict(roles, weight_scale_2=(1.0 / roles["weight_scale_2"].to(torch.float32)).reshape(()),
+                     input_scale=(1.0 / roles["input_scale"].to(torch.float32)).reshape(()))
     names = role_names(spec, roles, flavor)
     return {names[r]: t for r, t in roles.items()}
 
@@ -350,9 +357,10 @@ def _check_request(c: DSV4Config, flavor: str, quant: str) -> list[WeightSpec]:
     if layout.naming == "official" and kind not in layout.drafts:
         raise CheckpointError(f"synth flavor {flavor!r}: expected a config with a {' or '.join(layout.drafts)} "
                               f"draft, found a {kind} config (dspark_block_size={c.dspark_block_size})")
-    # transformers and compressed-tensors exports drop the draft; the official layouts carry it
+    # transformers' exports drop the draft; the official-named layouts carry it (compressed-tensors in BF16)
     with_mtp = layout.naming == "official" and (c.dspark_stages > 0 or c.num_nextn_predict_layers > 0)
-    return list(all_weights(c, mtp=with_mtp))
+    copies = [copy for copy, _ in layout.draft_copy_specs(c)] if with_mtp else []
+    return list(all_weights(c, mtp=with_mtp)) + copies
 
 
 def iter_tensors(c: DSV4Config, flavor: str, quant: str = "bf16", seed: int = 0, values: Values | None = None,
@@ -363,7 +371,12 @@ def iter_tensors(c: DSV4Config, flavor: str, quant: str = "bf16", seed: int = 0,
     from concurrent.futures import ThreadPoolExecutor
 
     units = _units(_check_request(c, flavor, quant), c, flavor, quant)
-    values = values or (lambda spec: synthetic_values(spec, c, seed))
+    own = values or (lambda spec: synthetic_values(spec, c, seed))
+    copies = {copy.full_name: src for copy, src in get_layout(flavor).draft_copy_specs(c)}
+
+    def values(spec: WeightSpec) -> np.ndarray:   # a draft's stored copy of a trunk weight: the trunk's values
+        return own(copies.get(spec.full_name, spec))
+
     workers = workers or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(workers) as pool:
         pending = []

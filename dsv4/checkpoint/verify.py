@@ -59,7 +59,7 @@ def _check(name: str, dtype: str, t: torch.Tensor, n_experts: int) -> list[Findi
         flag(~torch.isfinite(t), "not finite (NaN/Inf)")
         if name.endswith(("weight_scale_2", "input_scale", "weight_global_scale", "input_global_scale")):
             flag(torch.isfinite(t) & (t <= 0), "global/input scale not positive")
-    elif dtype == "F8_E8M0" or (dtype == "U8" and name.endswith(".scale")):
+    elif dtype == "F8_E8M0" or (dtype == "U8" and name.endswith((".scale", ".weight_scale"))):   # UE8M0 bytes
         flag(t.view(torch.uint8) == 255, "E8M0 scale code 255 (NaN)")
     elif dtype == "F8_E4M3":
         b = t.view(torch.uint8)

@@ -74,6 +74,24 @@ def test_convert_official_to_nvfp4_keeps_fp8_bit_exact_and_requantizes_experts(t
     assert torch.equal(a.weight("ffn.gate.tid2eid", 0).tensors["weight"], b.weight("ffn.gate.tid2eid", 0).tensors["weight"])
 
 
+def test_convert_official_to_compressed_tensors_is_the_published_form(tmp_path: Path) -> None:
+    """FP8-block attention keeps its codes (scales as F32 powers of two), experts become NVFP4, shared
+    experts and the draft BF16 (exact upcasts of FP8 / MXFP4), the draft's embed / head copies the trunk's."""
+    src = synth("tiny", "official", tmp_path / "src")
+    dst = convert(src, "compressed-tensors", tmp_path / "dst")
+    a, b = open_checkpoint(src), open_checkpoint(dst)
+    assert b.flavor == "compressed-tensors" and b.has_mtp
+    fa, fb = a.weight("attn.wo_b", 3), b.weight("attn.wo_b", 3)
+    assert (fb.fmt.kind, fb.fmt.scale_dtype, fb.names["scale"]) == \
+        ("fp8_block", "F32", "layers.3.attn.wo_b.weight_scale")
+    assert _same(fa.tensors["weight"], fb.tensors["weight"]) and torch.equal(dequantize(fa), dequantize(fb))
+    assert b.weight_format("ffn.experts.3.w2", 2).kind == "nvfp4"
+    for name, layer in (("ffn.shared_experts.w1", 1), ("mtp.0.ffn.experts.1.w2", None), ("mtp.0.e_proj", None)):
+        wa, wb = a.weight(name, layer), b.weight(name, layer)
+        assert wb.fmt.kind == "dense" and torch.equal(dequantize(wa).bfloat16(), wb.tensors["weight"]), name
+    assert torch.equal(b.get_tensor("mtp.0.head.weight"), a.get_tensor("head.weight"))
+
+
 def test_convert_cli_refuses_a_non_empty_output(tmp_path: Path) -> None:
     src = synth("tiny", "official", tmp_path / "src")
     (tmp_path / "busy").mkdir()
