@@ -60,3 +60,11 @@ def test_bug_budget_difference_past_a_near_tie_is_judged_by_the_tau_band() -> No
 @pytest.mark.parametrize("col", ["logic", "bug_budget"])
 def test_a_tau_shift_beyond_the_band_fails(col: str) -> None:
     assert _counts(_result(col, BASE, SHIFTED))["test+anchor vs anchor+anchor p1"] == ("differ", False)
+
+
+def test_a_column_without_speculation_has_no_acceptance_checks() -> None:
+    """Draft calls only (``--tokens 0`` in calibration, or a unit of a sharded run before merging):
+    nothing to judge, and no division by an empty τ list."""
+    for col in ("logic", "floor", "bug_budget"):
+        res = SimpleNamespace(spec=SimpleNamespace(near_tie=1e-3), columns={col: ColumnRun(col, "a", "t", True)})
+        assert acceptance_checks(res) == []
