@@ -194,12 +194,32 @@ def bench_dense(be, name: str, n: int, k: int, m: int, swiglu: bool) -> Row:
     return row
 
 
-def _routing(tokens: int, gen: torch.Generator):
-    ids = torch.stack([torch.randperm(EXPERTS, generator=gen)[:TOPK] for _ in range(tokens)]).flatten()
-    counts = torch.bincount(ids, minlength=EXPERTS)
-    offs = torch.zeros(EXPERTS + 1, dtype=torch.int32)
+def _routing(tokens: int, gen: torch.Generator, experts: int = EXPERTS):
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:TOPK] for _ in range(tokens)]).flatten()
+    counts = torch.bincount(ids, minlength=experts)
+    offs = torch.zeros(experts + 1, dtype=torch.int32)
     offs[1:] = counts.cumsum(0)
     return offs, counts
+
+
+def _bf16_grouped(x: torch.Tensor, w_bf16: torch.Tensor, offs: torch.Tensor, offs_cpu: torch.Tensor,
+                  counts: torch.Tensor, n: int):
+    """The BF16 grouped baseline and its name: torch._grouped_mm where it runs, else per-expert cuBLAS."""
+    ends = offs[1:].contiguous()
+    w_t = w_bf16.transpose(-2, -1)  # [E, K, N] view of [E, N, K]
+    try:
+        torch._grouped_mm(x, w_t, offs=ends)
+        torch.cuda.synchronize()
+        return (lambda: torch._grouped_mm(x, w_t, offs=ends)), "torch._grouped_mm"
+    except Exception as e:  # older torch / unsupported layout: per-expert cuBLAS
+        spans = [(e_, int(offs_cpu[e_]), int(offs_cpu[e_ + 1])) for e_ in range(len(counts)) if counts[e_] > 0]
+
+        def bf16():
+            out = torch.empty(x.shape[0], n, device="cuda", dtype=torch.bfloat16)
+            for e_, lo, hi in spans:
+                torch.matmul(x[lo:hi], w_bf16[e_].t(), out=out[lo:hi])
+            return out
+        return bf16, f"per-expert matmul ({type(e).__name__})"
 
 
 def bench_grouped(be, name: str, n: int, k: int, tokens: int, swiglu: bool, w_fp4, w_bf16) -> Row:
@@ -227,24 +247,7 @@ def bench_grouped(be, name: str, n: int, k: int, tokens: int, swiglu: bool, w_fp
                                    check_values=False)
         return be.grouped_gemm(GroupedGemmRequest(a, w_fp4, offs, alphas, swiglu_limit=limit), check_values=False)
 
-    ends = offs[1:].contiguous()
-    w_t = w_bf16.transpose(-2, -1)  # [E, K, N] view of [E, N, K]
-    baseline = "torch._grouped_mm"
-    try:
-        torch._grouped_mm(x, w_t, offs=ends)
-        torch.cuda.synchronize()
-
-        def bf16():
-            return torch._grouped_mm(x, w_t, offs=ends)
-    except Exception as e:  # older torch / unsupported layout: per-expert cuBLAS
-        baseline = f"per-expert matmul ({type(e).__name__})"
-        spans = [(e_, int(offs_cpu[e_]), int(offs_cpu[e_ + 1])) for e_ in range(EXPERTS) if counts[e_] > 0]
-
-        def bf16():
-            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            for e_, lo, hi in spans:
-                torch.matmul(x[lo:hi], w_bf16[e_].t(), out=out[lo:hi])
-            return out
+    bf16, baseline = _bf16_grouped(x, w_bf16, offs, offs_cpu, counts, n)
 
     row = Row(name, tokens, "grouped", baseline=baseline)
     row.notes.append(f"{m} rows over {active} experts")

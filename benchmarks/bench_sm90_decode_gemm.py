@@ -40,7 +40,6 @@ FLASH = [("flash expert w13+SwiGLU 4096->2x2048", 4096, 4096, True), ("flash exp
 GROUPED = [("pro experts w13+SwiGLU 6-of-384", 6144, 7168, True, 384), ("pro experts w2 6-of-384", 7168, 3072, False, 384),
            ("flash experts w13+SwiGLU 6-of-256", 4096, 4096, True, 256),
            ("flash experts w2 6-of-256", 4096, 2048, False, 256)]
-TOPK = 6
 VARIANTS = [dict(), dict(stages=6), dict(bk=128, stages=8), dict(consumer_warps=8, stages=8, ctas_per_sm=1),
             dict(ctas_per_sm=3, stages=3), dict(ctas_per_sm=4), dict(rows=64), dict(rows=64, ctas_per_sm=3, stages=5),
             dict(max_splits=32), dict(rows=256, ctas_per_sm=1), dict(rows=256, consumer_warps=8, ctas_per_sm=1)]
@@ -143,12 +142,7 @@ def run_case(be, dg, emu, name, n, k, swiglu, m, hbm, sweep: bool) -> dict:
     row["bf16_us"] = graph_us([lambda w=w: x @ w.t() for w in wbs])
     del wbs
     bf_io = wb_bytes + 2 * m * k + 2 * m * n
-    for key, b in (("new", io), ("old", io), ("bf16", bf_io)):
-        us = row[f"{key}_us"]
-        row[f"{key}_GBps"] = b / (us * 1e-6) / 1e9 if us == us and us > 0 else float("nan")
-        row[f"{key}_roof"] = b / (us * 1e-6) / hbm["roofline"] if us == us and us > 0 else float("nan")
-    row["speedup_vs_bf16"] = row["bf16_us"] / row["new_us"]
-    row["speedup_vs_backend"] = row["old_us"] / row["new_us"]
+    _rates(row, io, bf_io, hbm)
     if sweep:
         row["sweep"] = []
         ws = [nb._fp4_weight(n, k) for _ in range(copies_for(w_bytes))]
@@ -170,14 +164,22 @@ def run_case(be, dg, emu, name, n, k, swiglu, m, hbm, sweep: bool) -> dict:
     return row
 
 
+def _rates(row: dict, io: int, bf_io: int, hbm: dict) -> None:
+    """Achieved GB/s and share of the measured roofline of each timing, and the speedups."""
+    for key, b in (("new", io), ("old", io), ("bf16", bf_io)):
+        us = row[f"{key}_us"]
+        row[f"{key}_GBps"] = b / (us * 1e-6) / 1e9 if us == us and us > 0 else float("nan")
+        row[f"{key}_roof"] = b / (us * 1e-6) / hbm["roofline"] if us == us and us > 0 else float("nan")
+    row["speedup_vs_bf16"] = row["bf16_us"] / row["new_us"]
+    row["speedup_vs_backend"] = row["old_us"] / row["new_us"]
+
+
 def run_grouped_case(be, dg, emu, name, n, k, swiglu, experts, tokens, w_fp4, w_bf16, hbm) -> dict:
     from dsv4.kernels.contract import ActQuantRequest, GroupedGemmRequest
 
-    gen = torch.Generator().manual_seed(tokens)
-    ids = torch.stack([torch.randperm(experts, generator=gen)[:TOPK] for _ in range(tokens)]).flatten()
-    counts = torch.bincount(ids, minlength=experts)
-    offs_cpu = torch.zeros(experts + 1, dtype=torch.int32)
-    offs_cpu[1:] = counts.cumsum(0)
+    from bench_nvfp4_gemm import _bf16_grouped, _routing
+
+    offs_cpu, counts = _routing(tokens, torch.Generator().manual_seed(tokens), experts)
     m, active = int(offs_cpu[-1]), int((counts > 0).sum())
     offs = offs_cpu.cuda()
     limit = 7.0 if swiglu else None
@@ -195,30 +197,11 @@ def run_grouped_case(be, dg, emu, name, n, k, swiglu, experts, tokens, w_fp4, w_
     row["plan"] = _plan_row(plan)
     row["new_us"] = graph_us([lambda: dg.grouped(req, check_values=False)])
     row["old_us"] = graph_us([lambda: be.grouped_gemm(req, check_values=False)])
-    ends = offs[1:].contiguous()
-    try:
-        torch._grouped_mm(x, w_bf16.transpose(-2, -1), offs=ends)
-        torch.cuda.synchronize()
-        row["bf16_us"] = graph_us([lambda: torch._grouped_mm(x, w_bf16.transpose(-2, -1), offs=ends)])
-        row["baseline"] = "torch._grouped_mm"
-    except Exception as e:  # older torch: per-expert cuBLAS
-        spans = [(e_, int(offs_cpu[e_]), int(offs_cpu[e_ + 1])) for e_ in range(experts) if counts[e_] > 0]
-        row["baseline"] = f"per-expert matmul ({type(e).__name__})"
-
-        def bf16():
-            out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-            for e_, lo, hi in spans:
-                torch.matmul(x[lo:hi], w_bf16[e_].t(), out=out[lo:hi])
-            return out
-        row["bf16_us"] = graph_us([bf16])
+    bf16, row["baseline"] = _bf16_grouped(x, w_bf16, offs, offs_cpu, counts, n)
+    row["bf16_us"] = graph_us([bf16])
     io = active * fp4_bytes(n, k) + fp4_bytes(m, k) + 2 * m * n_out
     bf_io = active * 2 * n * k + 2 * m * k + 2 * m * n
-    for key, b in (("new", io), ("old", io), ("bf16", bf_io)):
-        us = row[f"{key}_us"]
-        row[f"{key}_GBps"] = b / (us * 1e-6) / 1e9 if us == us and us > 0 else float("nan")
-        row[f"{key}_roof"] = b / (us * 1e-6) / hbm["roofline"] if us == us and us > 0 else float("nan")
-    row["speedup_vs_bf16"] = row["bf16_us"] / row["new_us"]
-    row["speedup_vs_backend"] = row["old_us"] / row["new_us"]
+    _rates(row, io, bf_io, hbm)
     return row
 
 

@@ -83,6 +83,11 @@ class CallCheck:
     worst_ratio: float = 0.0
     examples: list[Element] = field(default_factory=list)
 
+    def add_clean(self, elements: int, worst: float) -> None:
+        """A comparison known clean (``_clean``): what ``add`` records when nothing violates."""
+        self.elements += elements
+        self.worst_ratio = max(self.worst_ratio, worst)
+
     def add(self, where: list[str], expected: torch.Tensor, got: torch.Tensor, bound: torch.Tensor,
             bad: torch.Tensor, ratio: torch.Tensor) -> None:
         self.elements += int(bad.numel())
@@ -134,8 +139,7 @@ def _clean(check: CallCheck, e: torch.Tensor, g: torch.Tensor, b: torch.Tensor, 
     worst, clean = torch.stack([(err / b.clamp(min=1e-38)).amax(), ok.to(torch.float32)]).tolist()
     if clean != 1.0:
         return False
-    check.elements += err.numel()
-    check.worst_ratio = max(check.worst_ratio, worst)
+    check.add_clean(err.numel(), worst)
     return True
 
 

@@ -191,3 +191,11 @@ class LaunchResources:
         if self._counters is None or self._counters.numel() < n or self._counters.device != device:
             self._counters = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
         return self._counters
+
+    def _split_k_buffers(self, splits: int, floats: int, tiles: int, device: torch.device,
+                         unused: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(FP32 partials workspace, tile counters) of a split-K launch; without split-K the kernel never
+        dereferences them, and ``unused`` (any tensor of the call) stands in for both."""
+        if splits <= 1:
+            return unused, unused
+        return torch.empty(floats, dtype=torch.float32, device=device), self._tile_counters(tiles, device)

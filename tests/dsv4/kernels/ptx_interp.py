@@ -31,6 +31,25 @@ def _f16_mul(a: int, b: int) -> int:
     return struct.unpack("<I", r.tobytes())[0]
 
 
+def _statements(text: str):
+    """(op, destination, source tokens) of each instruction of an inline-PTX block."""
+    for line in text.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        args = [t.strip() for t in rest.split(",")]
+        yield op, args[0], args[1:]
+
+
+def _store(outs: list, regs: dict, dst: str, r) -> None:
+    """An output operand ``{$wN}`` or a named register."""
+    if dst.startswith("{$w"):
+        outs[int(dst[3:-1])] = r
+    else:
+        regs[dst] = r
+
+
 def _run_ptx(text: str, inputs: list[int], n_out: int) -> list[int]:
     """Interpret the integer subset of PTX the decode uses (and, shr, shl, prmt, lop3, mul.rn.f16x2)."""
     regs: dict[str, int] = {}
@@ -44,13 +63,8 @@ def _run_ptx(text: str, inputs: list[int], n_out: int) -> list[int]:
         return regs[tok]
 
     outs = [0] * n_out
-    for line in text.splitlines():
-        line = line.strip().rstrip(";")
-        if not line or line in "{}" or line.startswith(".reg"):
-            continue
-        op, rest = line.split(None, 1)
-        args = [t.strip() for t in rest.split(",")]
-        dst, srcs = args[0], [val(t) for t in args[1:]]
+    for op, dst, toks in _statements(text):
+        srcs = [val(t) for t in toks]
         m = 0xFFFFFFFF
         if op == "and.b32":
             r = srcs[0] & srcs[1]
@@ -70,10 +84,7 @@ def _run_ptx(text: str, inputs: list[int], n_out: int) -> list[int]:
             r = _f16_mul(srcs[0], srcs[1])
         else:
             raise AssertionError(f"unexpected PTX op {op}")
-        if dst.startswith("{$w"):
-            outs[int(dst[3:-1])] = r
-        else:
-            regs[dst] = r
+        _store(outs, regs, dst, r)
     return outs
 
 
@@ -96,13 +107,8 @@ def _run_ptx_np(text: str, inputs: list, n_out: int) -> list:
         return (w & 0xFFFF).astype(np.uint16).view(np.float16), (w >> 16).astype(np.uint16).view(np.float16)
 
     outs = [None] * n_out
-    for line in text.splitlines():
-        line = line.strip().rstrip(";")
-        if not line or line in "{}" or line.startswith(".reg"):
-            continue
-        op, rest = line.split(None, 1)
-        args = [t.strip() for t in rest.split(",")]
-        dst, srcs = args[0], [val(t) for t in args[1:]]
+    for op, dst, toks in _statements(text):
+        srcs = [val(t) for t in toks]
         if op == "and.b32":
             r = srcs[0] & srcs[1]
         elif op == "shr.u32":
@@ -131,8 +137,5 @@ def _run_ptx_np(text: str, inputs: list, n_out: int) -> list:
             r = lo.astype(np.uint32) | (hi.astype(np.uint32) << 16)
         else:
             raise AssertionError(f"unexpected PTX op {op}")
-        if dst.startswith("{$w"):
-            outs[int(dst[3:-1])] = r
-        else:
-            regs[dst] = r
+        _store(outs, regs, dst, r)
     return outs

@@ -68,11 +68,7 @@ class Sm90Backend(LaunchResources):
                launch.workspace_floats)
         exe = self._gemms.get((ARCH, cfg), lambda: compile_gemm(cfg))
         dev = out.device
-        if launch.splits > 1:
-            ws = torch.empty(launch.workspace_floats, dtype=torch.float32, device=dev)
-            cnt = self._tile_counters(launch.tiles, dev)
-        else:
-            ws, cnt = out, alpha_b  # never dereferenced
+        ws, cnt = self._split_k_buffers(launch.splits, launch.workspace_floats, launch.tiles, dev, alpha_b)
         offs = offsets if offsets is not None else alpha_b
         tensors = (a.packed, a_scales, b.packed, b_scales, alpha_a, alpha_b, offs, out, ws, cnt)
         ptrs = [gmem_ptr(t, dt, al) for t, (dt, al) in zip(tensors, gemm_arg_types(cfg))]

@@ -145,11 +145,7 @@ class DecodeGemm(LaunchResources):
                (plan.splits, plan.slots))
         exe = self._exes.get((ARCH, plan.cfg), lambda: compile_decode_gemm(plan.cfg))
         dev = out.device
-        if plan.splits > 1:
-            ws = torch.empty(plan.workspace_floats, dtype=torch.float32, device=dev)
-            cnt = self._tile_counters(plan.tiles * plan.slots, dev)
-        else:
-            ws, cnt = alpha_b, alpha_b  # never dereferenced
+        ws, cnt = self._split_k_buffers(plan.splits, plan.workspace_floats, plan.tiles * plan.slots, dev, alpha_b)
         offs = offsets if offsets is not None else alpha_b
         tensors = (a.packed, a_scales, b.packed, b_scales, alpha_a, alpha_b, offs, out, ws, cnt)
         ptrs = [gmem_ptr(t, dt, al) for t, (dt, al) in zip(tensors, decode_arg_types())]
