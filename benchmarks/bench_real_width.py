@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -90,7 +91,9 @@ def bench_config(model: str, width: str, layers: int) -> Any:
     elif width == "medium":
         c = replace(real, vocab_size=8192, hidden_size=1024, num_attention_heads=8, head_dim=128, q_lora_rank=256,
                     o_lora_rank=256, o_groups=2, index_n_heads=4, index_head_dim=128, index_topk=64,
-                    n_routed_experts=32, moe_intermediate_size=512, hca_ratio=16)
+                    n_routed_experts=32, moe_intermediate_size=512, hca_ratio=16,
+                    compress_ratios=tuple(16 if r == real.hca_ratio else r for r in real.compress_ratios),
+                    mtp_compress_ratios=tuple(16 if r == real.hca_ratio else r for r in real.mtp_compress_ratios))
     else:
         c = replace(preset("tiny"), n_routed_experts=8, num_experts_per_tok=2)
     h = c.hca_ratio
@@ -218,7 +221,7 @@ def decode_steps(model: Any, state: Any, steps: int, meter: Meter, c: Any, nativ
     per: dict[int, list[float]] = {i: [] for i in range(c.num_hidden_layers)}
     step_s = []
     with torch.no_grad(), suspended():
-        for s in range(steps):
+        for s in range(steps + 1):      # step 0 warms up (the one-token kernels compile): not counted
             tok = (7 * s + 3) % c.vocab_size
             t0 = time.perf_counter()
             if native:
@@ -233,8 +236,24 @@ def decode_steps(model: Any, state: Any, steps: int, meter: Meter, c: Any, nativ
                 per[i].append(m["seconds"])
             meter.run(lambda: model.head(X))
             step_s.append(time.perf_counter() - t0)
-    return {"steps": steps, "step_seconds": step_s,
-            "layers": [{"index": i, "kind": layer_kind(c, i), "seconds_per_step": sum(v) / len(v)} for i, v in per.items()]}
+    return {"steps": steps, "warmup_step_seconds": step_s[0], "step_seconds": step_s[1:],
+            "layers": [{"index": i, "kind": layer_kind(c, i), "seconds_per_step": statistics.median(v[1:])}
+                       for i, v in per.items()]}
+
+
+def harness_phases(r: Any, wall: float, loads: float, forwards: float) -> dict[str, float]:
+    """Where the harness's wall time went: loads, forwards (the oracle's per-call replays inside them
+    counted apart), and per column the weight audit, the probe comparisons and the audit records; the
+    rest (reference cache, records, verdict) is ``other``."""
+    out = {"loads": loads}
+    for col in r.columns.values():
+        for k, v in getattr(col, "phase_seconds", {}).items():
+            out[k] = out.get(k, 0.0) + v
+    replay = out.get("audit_replay", 0.0)
+    out["forwards_without_audit_replay"] = forwards - replay
+    out["other"] = wall - loads - forwards - sum(v for k, v in out.items()
+                                                 if k not in ("loads", "audit_replay", "forwards_without_audit_replay"))
+    return out
 
 
 # ---- the run ---------------------------------------------------------------------------------------------
@@ -363,6 +382,12 @@ class Bench:
             return False
         for T in self.a.prefill_list:
             def run(T: int = T) -> None:
+                # a new token count compiles its own kernel configurations (tile shapes follow M): on an
+                # H100 the first layer at 1024 tokens took 2.33 s against 0.03 s for the next. Untimed
+                # warm-up first, its seconds kept apart, so a layer's time is the steady state.
+                _, w = self.meter.run(lambda: layerwise(holder["m"], self.ids(T), self.meter, self.c))
+                self.res["runs"].append({"side": "native", "backend": backend, "phase": "warmup", "tokens": T,
+                                         "seconds": w["seconds"], "peak_gpu_bytes": w["peak_gpu_bytes"]})
                 out = layerwise(holder["m"], self.ids(T), self.meter, self.c)
                 out.pop("_state")
                 self.res["runs"].append({"side": "native", "backend": backend, "phase": "prefill", "tokens": T, **out})
@@ -426,6 +451,7 @@ class Bench:
                     "records": len(r.records), "audit": {n: c.audit for n, c in r.columns.items() if c.audit},
                     "column_errors": {n: str(e)[:300] for n, e in r.column_errors.items()},
                     "overhead_ratio": (wall - loads) / plain - 1 if plain else None, "target": 0.25,
+                    "phases": harness_phases(r, wall, loads, fwd),
                     "forwards": [f.__dict__ for f in r.forwards]})
             self.stage(f"harness@{T}", run, self.guess("harness", T))
 
@@ -433,7 +459,8 @@ class Bench:
         """The forwards run_threeway performs at T, from this run's plain layer-by-layer timings: the
         reference once, the emulated plan propagated + isolated, and the kernel backend's the same."""
         def total(side: str, be: str) -> float | None:
-            rows = [r for r in self.res["runs"] if r["side"] == side and r.get("backend") == be and r.get("tokens") == T]
+            rows = [r for r in self.res["runs"] if r["side"] == side and r.get("backend") == be
+                    and r["phase"] == "prefill" and r.get("tokens") == T]
             return rows[0]["total_seconds"] if rows else None
         parts = [total("reference", "reference(streaming)"), total("native", "emulated")]
         if backend:

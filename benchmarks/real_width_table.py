@@ -35,27 +35,44 @@ def measured(d: dict) -> list[str]:
                f"{d['config']['n_routed_experts']} experts top-{d['config']['num_experts_per_tok']}, "
                f"vocab {d['config']['vocab_size']}; bench wall {d.get('wall_s', 0):.0f} s", "",
            "| side | phase | tokens | layer kind | s / layer | peak GPU GiB | disk read GiB |", "|---|---|---|---|---|---|---|"]
+    # tables written before the bench warmed up at every length: the first native layer at a new token
+    # count (and the first decode step) include that shape's kernel compile; marked, not corrected
+    warm = {(r["backend"], r.get("tokens")) for r in d["runs"] if r["phase"] == "warmup"}
+    cold = False
     for r in d["runs"]:
         if r["phase"] not in ("prefill",):
             continue
         by: dict[str, list[dict]] = {}
         for x in r["layers"]:
             by.setdefault(x["kind"], []).append(x)
+        mark = ""
+        if r["side"] == "native" and (r["backend"], r["tokens"]) not in warm:
+            mark, cold = " *", True
         for k, xs in by.items():
-            out.append(f"| {r['backend']} | prefill | {r['tokens']} | {k} | {sum(x['seconds'] for x in xs) / len(xs):.4g} | "
+            out.append(f"| {r['backend']}{mark} | prefill | {r['tokens']} | {k} | {sum(x['seconds'] for x in xs) / len(xs):.4g} | "
                        f"{gib(max(x['peak_gpu_bytes'] for x in xs))} | {gib(sum(x['disk_read_bytes'] for x in xs) / len(xs))} |")
     for r in d.get("decode", []):
         by2: dict[str, list[float]] = {}
         for x in r["layers"]:
             by2.setdefault(x["kind"], []).append(x["seconds_per_step"])
+        mark = "" if "warmup_step_seconds" in r or r["side"] != "native" else " *"
+        cold = cold or bool(mark)
         for k, v in by2.items():
-            out.append(f"| {r['backend']} | decode ({r['cache_tokens']}-token cache) | 1 | {k} | {sum(v) / len(v):.4g} | - | - |")
+            out.append(f"| {r['backend']}{mark} | decode ({r['cache_tokens']}-token cache) | 1 | {k} | {sum(v) / len(v):.4g} | - | - |")
+    if cold:
+        out += ["", "\\* measured without a warm-up at that token count (a bench before the per-length warm-up): the "
+                "first layer to run (and the mean over decode steps, the first included) holds the kernels' compile "
+                "for that shape; the other layers of the same row are the steady state."]
     t = d.get("targets", {})
     out += ["", "| target | measured | goal | met |", "|---|---|---|---|"]
     h = t.get("harness_overhead")
     if h:
         out.append(f"| harness overhead (harness time / its plain forwards - 1) | "
                    f"{', '.join(f'{x:+.2f}' for x in h['measured']) or 'not measured'} | <= 0.25 | {h['met']} |")
+    for hh in d.get("harness", []):
+        if hh.get("phases"):
+            out.append(f"| harness at {hh['tokens']} tokens, where the time went (s) | "
+                       + ", ".join(f"{k} {v:.1f}" for k, v in hh["phases"].items()) + " | - | - |")
     s = t.get("streaming_memory")
     if s:
         out.append(f"| streaming reference peak / bound ({s['measured_on']}, {s['tokens']} tokens) | "

@@ -90,6 +90,9 @@ class ColumnResult:
     # violating calls with their operands (for `python -m parity.audit` repros)
     audit: dict[str, Any] = field(default_factory=dict)
     weight_audit: dict[str, Any] = field(default_factory=dict)
+    # wall seconds outside the forwards, by phase: weight_audit, compare (probe metrics), audit_records;
+    # audit_replay is inside the forwards (each kernel call replayed through the oracle as it is made)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
     audit_kept: list[Any] = field(default_factory=list, repr=False)
     # the exception that stopped this column (the others still ran); ran is False then
     error: BaseException | None = field(default=None, repr=False)
@@ -232,6 +235,7 @@ class _Runner:
                 iso, secs = run_isolated(model, ids, anchor, L, spec.device)
                 self.forwards.append(ForwardTime(name, label, p.id, "isolated", secs, p.n_tokens))
                 tests["isolated"] = iso
+            t_cmp = _now()
             for mode in spec.modes:
                 where = Where(ctx, name, mode, p.id, p.mode)
                 recs, st = compare_probes(anchor.probes, tests[mode], where=where, config=spec.source.config,
@@ -239,6 +243,7 @@ class _Runner:
                 self.records += recs
                 if st is not None:
                     stats[mode].append((n, st))
+            _add(result.phase_seconds, "compare", _now() - t_cmp)
             result.last_logits[p.id] = (anchor.logits[-1].float(), out.logits[-1].float())
             if keep_outputs:
                 kept.append(out)
@@ -259,17 +264,22 @@ class _Runner:
         from .audit import CallAuditor, audit_weights, weight_records
 
         self.progress(f"{pair}: weight audit", 0, 1)
+        t0 = _now()
         wa = audit_weights(model, progress=lambda i, n: self.progress(f"{pair}: weight audit", i, n))
         result.weight_audit = wa.summary()
         self.records += weight_records(wa, ctx, pair, set_mode_of(self.spec.prompts))
+        _add(result.phase_seconds, "weight_audit", _now() - t0)
         auditor = CallAuditor()
         auditor.attach(model)     # detached in _audit_end; on an error the model is dropped with its taps
         return auditor
 
     def _audit_end(self, auditor: Any, ctx: RunContext, pair: str, result: ColumnResult) -> None:
         auditor.detach()
+        t0 = _now()
         modes = {p.id: p.mode for p in self.spec.prompts}
         self.records += auditor.records(ctx, modes, pair)
+        _add(result.phase_seconds, "audit_records", _now() - t0)
+        _add(result.phase_seconds, "audit_replay", auditor.replay_seconds)
         result.audit = auditor.summary()
         result.audit_kept = list(auditor.kept)
 
@@ -302,6 +312,10 @@ def _kernels_missing(model: Any) -> list[str]:
     except AssertionError as e:
         return [str(e)]
     return []
+
+
+def _add(d: dict[str, float], key: str, seconds: float) -> None:
+    d[key] = d.get(key, 0.0) + seconds
 
 
 def _now() -> float:

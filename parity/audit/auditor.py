@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -117,6 +118,8 @@ class CallAuditor:
     # not executed) and a replay would need host reads the capture forbids; the graph's replays then
     # launch no Python call. Counted, never judged.
     captured: int = 0
+    # wall seconds spent replaying calls through the oracle (inside the forwards that made them)
+    replay_seconds: float = 0.0
 
     def __call__(self, call: KernelCall) -> None:
         if _capturing():
@@ -126,14 +129,17 @@ class CallAuditor:
         self.call_counts[(call.module, call.op)] += 1
         tally = self.tallies.setdefault((self.prompt_id, call.module, call.component), _Tally())
         tally.calls += 1
+        t0 = time.perf_counter()
         try:
             with torch.no_grad():
                 check = audit_request(call.op, call.request, call.output)
         except Exception as e:  # a request the oracle cannot replay is a finding, not a crash
+            self.replay_seconds += time.perf_counter() - t0
             self.errors.append(f"{call.module} {call.op} call #{index}: the oracle could not replay it: {e}")
             tally.violations += 1
             tally.worst_ratio = float("inf")
             return
+        self.replay_seconds += time.perf_counter() - t0
         tally.worst_ratio = max(tally.worst_ratio, check.worst_ratio)
         if check.passed:
             return

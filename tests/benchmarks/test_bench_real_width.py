@@ -71,6 +71,11 @@ def test_tiny_bench_measures_every_layer_kind_side_and_target(tiny_run) -> None:
     h = d["harness"]
     assert [x["tokens"] for x in h] == [32, 64] and all(x["column_errors"] == {} for x in h)
     assert all(x["plain_forward_seconds"] > 0 and -0.9 < x["overhead_ratio"] < 20 for x in h)
+    # where the harness's time went: the phases add up to its wall time
+    assert all(abs(sum(x["phases"].values()) - x["wall_seconds"]) < 1e-6 and x["phases"]["compare"] > 0 for x in h)
+    # every native prefill length warmed up first (kernels compile per shape), every decode a step 0 apart
+    warm = {(r["backend"], r["tokens"]) for r in d["runs"] if r["phase"] == "warmup"}
+    assert {("emulated", 32), ("emulated", 64)} <= warm and all(x["warmup_step_seconds"] > 0 for x in d["decode"])
     t = d["targets"]
     assert t["harness_overhead"]["measured"] == [x["overhead_ratio"] for x in h]
     sm = t["streaming_memory"]
