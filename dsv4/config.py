@@ -16,20 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .config_keys import ALLOW_ENV, screen_hf_keys
+from .config_keys import ALLOW_ENV, TF_LAYER_TYPE, ConfigError, screen_hf_keys
 
 __all__ = ["ALLOW_ENV", "ConfigError", "DSV4Config", "LAYER_KINDS", "PRESETS", "REAL_PRESETS", "check_device_map",
            "check_token_ids", "layer_devices", "load_config", "preset", "with_dspark"]
 
 
-class ConfigError(ValueError):
-    """An invalid or inconsistent configuration; the message names the key, expected and found."""
-
-
 LAYER_KINDS = ("window", "csa", "hca")
-_TF_LAYER_TYPE = {"window": "sliding_attention", "csa": "compressed_sparse_attention",
-                  "hca": "heavily_compressed_attention"}
-_TF_LAYER_TYPE_INV = {v: k for k, v in _TF_LAYER_TYPE.items()}
 
 
 @dataclass(frozen=True)
@@ -266,7 +259,7 @@ class DSV4Config:
         for k in ("compress_ratios", "qk_rope_head_dim", "num_hash_layers", "rope_scaling", "expert_dtype",
                   "quantization_config", "topk_method"):
             d.pop(k, None)
-        d["layer_types"] = [_TF_LAYER_TYPE[self.layer_kind(i)] for i in range(self.num_hidden_layers)]
+        d["layer_types"] = [TF_LAYER_TYPE[self.layer_kind(i)] for i in range(self.num_hidden_layers)]
         d["mlp_layer_types"] = ["hash_moe" if self.is_hash_layer(i) else "moe"
                                 for i in range(self.num_hidden_layers)]
         d["compress_rates"] = {"compressed_sparse_attention": self.csa_ratio,
@@ -297,13 +290,13 @@ class DSV4Config:
         if not isinstance(d, Mapping):
             raise ConfigError(f"config '{name}': expected a JSON object, found {type(d).__name__}")
         if "dim" in d and "n_layers" in d:
-            c = _from_official(d, name, allow_unknown)
+            c = cls(**_from_official(d, name, allow_unknown))
         elif "hidden_size" in d:
             ignored = screen_hf_keys(d, name, allow_unknown, ConfigError)
             if "layer_types" in d or "rope_parameters" in d or "mlp_layer_types" in d:
-                c = _from_transformers(d, name)
+                c = cls(**_from_transformers(d, name))
             else:
-                c = _from_hf(d, name)
+                c = cls(**_from_hf(d, name))
             c = dataclasses.replace(c, ignored_keys=ignored) if ignored else c
         else:
             raise ConfigError(f"config '{name}': expected an HF config (hidden_size), a transformers-5.x config "

@@ -1,5 +1,6 @@
-"""The three config forms' readers (spec dsv4-architecture.md §1): each turns its form's mapping into a
-``DSV4Config``. ``DSV4Config.from_dict`` picks the reader from the form's keys; nothing else calls these.
+"""The three config forms' readers (spec dsv4-architecture.md §1): each turns its form's mapping into the
+fields of a ``DSV4Config`` (a dict: this module does not import ``dsv4.config``, which imports it).
+``DSV4Config.from_dict`` picks the reader from the form's keys; nothing else calls these.
 
 Compute-free, like :mod:`dsv4.config`: the reference may import it.
 """
@@ -7,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from .config import _TF_LAYER_TYPE_INV, ConfigError, DSV4Config
-from .config_keys import ALLOW_ENV, allow_unknown_default
+from .config_keys import ALLOW_ENV, TF_LAYER_TYPE_INV, ConfigError, allow_unknown_default
 
 
 def _req(d: Mapping[str, Any], key: str, name: str, typ: type | tuple[type, ...] = (int,)) -> Any:
@@ -126,28 +126,28 @@ def _dspark_from(d: Mapping[str, Any], name: str) -> dict[str, Any]:
                 dspark_target_layer_ids=tuple(ids), dspark_markov_rank=_req(d, "dspark_markov_rank", name))
 
 
-def _from_hf(d: Mapping[str, Any], name: str) -> DSV4Config:
+def _from_hf(d: Mapping[str, Any], name: str) -> dict[str, Any]:
     kw = _common_hf(d, name)
     ratios = _req(d, "compress_ratios", name, list)
     main, mtp = _split_ratios(ratios, kw["num_hidden_layers"], name)
     csa, hca = _ratio_pair(main, d)
     rope_dim = int(_req(d, "qk_rope_head_dim", name))
-    return DSV4Config(**kw, qk_rope_head_dim=rope_dim, compress_ratios=main, mtp_compress_ratios=mtp or (0,),
+    return dict(**kw, qk_rope_head_dim=rope_dim, compress_ratios=main, mtp_compress_ratios=mtp or (0,),
                       csa_ratio=csa, hca_ratio=hca, num_hash_layers=int(_opt(d, "num_hash_layers", 3)),
                       **_yarn_from(d.get("rope_scaling"), name), **_storage_dtypes(d), **_dspark_from(d, name))
 
 
-def _from_transformers(d: Mapping[str, Any], name: str) -> DSV4Config:
+def _from_transformers(d: Mapping[str, Any], name: str) -> dict[str, Any]:
     kw = _common_hf(d, name)
     n = kw["num_hidden_layers"]
     csa, hca = _ratio_pair((), d)
     if "layer_types" in d and d["layer_types"] is not None:
         lt = list(d["layer_types"])
-        bad = [t for t in lt if t not in _TF_LAYER_TYPE_INV]
+        bad = [t for t in lt if t not in TF_LAYER_TYPE_INV]
         if bad or len(lt) < n:
             raise ConfigError(f"config '{name}': layer_types: expected {n} entries from "
-                              f"{sorted(_TF_LAYER_TYPE_INV)}, found {lt!r}")
-        kinds = [_TF_LAYER_TYPE_INV[t] for t in lt[:n]]
+                              f"{sorted(TF_LAYER_TYPE_INV)}, found {lt!r}")
+        kinds = [TF_LAYER_TYPE_INV[t] for t in lt[:n]]
         main = tuple(0 if k == "window" else (csa if k == "csa" else hca) for k in kinds)
     elif "compress_ratios" in d:
         main, _ = _split_ratios(d["compress_ratios"], n, name)
@@ -183,7 +183,7 @@ def _from_transformers(d: Mapping[str, Any], name: str) -> DSV4Config:
         mtp = _split_ratios(d["compress_ratios"], n, name)[1] or (0,)
     elif dspark:   # transformers truncates the schedule: one window-only stage per target layer (SGLang)
         mtp = (0,) * len(dspark["dspark_target_layer_ids"])
-    return DSV4Config(**kw, qk_rope_head_dim=rope_dim, compress_ratios=main, mtp_compress_ratios=mtp,
+    return dict(**kw, qk_rope_head_dim=rope_dim, compress_ratios=main, mtp_compress_ratios=mtp,
                       csa_ratio=csa, hca_ratio=hca, num_hash_layers=n_hash, **yarn, **_storage_dtypes(d), **dspark)
 
 
@@ -208,7 +208,7 @@ _OFFICIAL_IGNORED = {"n_routed_experts_score", "scale_fmt", "scale_dtype", "max_
 _OFFICIAL_DSPARK = ("dspark_block_size", "dspark_noise_token_id", "dspark_target_layer_ids", "dspark_markov_rank")
 
 
-def _from_official(d: Mapping[str, Any], name: str, allow_unknown: bool | None = None) -> DSV4Config:
+def _from_official(d: Mapping[str, Any], name: str, allow_unknown: bool | None = None) -> dict[str, Any]:
     unknown = sorted(set(d) - set(_OFFICIAL) - _OFFICIAL_IGNORED - set(_OFFICIAL_DSPARK))
     if unknown and not (allow_unknown_default() if allow_unknown is None else allow_unknown):
         raise ConfigError(f"config '{name}': official ModelArgs config: unexpected keys {unknown} (an unknown key "
@@ -241,6 +241,6 @@ def _from_official(d: Mapping[str, Any], name: str, allow_unknown: bool | None =
         kw["expert_dtype"] = "fp4"
     if kw.get("dtype", "fp8") == "bf16":
         kw.setdefault("expert_dtype", None)
-    return DSV4Config(**kw, name=name, compress_ratios=main, mtp_compress_ratios=mtp or (0,),
+    return dict(**kw, name=name, compress_ratios=main, mtp_compress_ratios=mtp or (0,),
                       csa_ratio=csa, hca_ratio=hca, ignored_keys=tuple(unknown))
 

@@ -23,6 +23,16 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+
+class ConfigError(ValueError):
+    """An invalid or inconsistent configuration; the message names the key, expected and found."""
+
+
+# the transformers-5.x form's names of the three attention layer kinds
+TF_LAYER_TYPE = {"window": "sliding_attention", "csa": "compressed_sparse_attention",
+                 "hca": "heavily_compressed_attention"}
+TF_LAYER_TYPE_INV = {v: k for k, v in TF_LAYER_TYPE.items()}
+
 ALLOW_ENV = "DSV4_ALLOW_UNKNOWN_CONFIG_KEYS"
 
 # Model keys the readers interpret (HF form a and transformers form b; spec dsv4-architecture.md §1).
