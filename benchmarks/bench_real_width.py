@@ -16,7 +16,8 @@ when its stages are done (a Pro layer is ~13 GB per layout). Then, each stage ti
    through the model surface: seconds, peak GPU memory, host RSS and bytes read from disk (page cache
    of the shards dropped first with posix_fadvise, so the reads are cold);
 2. the native model on ``emulated`` and on each other ``--backends`` name (``cutedsl_sm90``; skipped
-   with its reason where it does not execute), same prefills;
+   with its reason where it does not execute), same prefills, each length once untimed first (a new
+   token count compiles its kernels);
 3. decode: ``--decode-steps`` steps after a prefill of ``--decode-cache`` tokens (the biggest cache
    that fits the remaining budget, halved until it does), per layer per step;
 4. the full harness (``run_threeway``: probes, isolated pass, metrics, the kernel audit where a
@@ -89,11 +90,12 @@ def bench_config(model: str, width: str, layers: int) -> Any:
     if width == "real":
         c = real
     elif width == "medium":
+        def hca16(ratios: tuple[int, ...]) -> tuple[int, ...]:   # the HCA ratio, wherever it is scheduled
+            return tuple(16 if r == real.hca_ratio else r for r in ratios)
         c = replace(real, vocab_size=8192, hidden_size=1024, num_attention_heads=8, head_dim=128, q_lora_rank=256,
                     o_lora_rank=256, o_groups=2, index_n_heads=4, index_head_dim=128, index_topk=64,
                     n_routed_experts=32, moe_intermediate_size=512, hca_ratio=16,
-                    compress_ratios=tuple(16 if r == real.hca_ratio else r for r in real.compress_ratios),
-                    mtp_compress_ratios=tuple(16 if r == real.hca_ratio else r for r in real.mtp_compress_ratios))
+                    compress_ratios=hca16(real.compress_ratios), mtp_compress_ratios=hca16(real.mtp_compress_ratios))
     else:
         c = replace(preset("tiny"), n_routed_experts=8, num_experts_per_tok=2)
     h = c.hca_ratio
@@ -242,18 +244,16 @@ def decode_steps(model: Any, state: Any, steps: int, meter: Meter, c: Any, nativ
 
 
 def harness_phases(r: Any, wall: float, loads: float, forwards: float) -> dict[str, float]:
-    """Where the harness's wall time went: loads, forwards (the oracle's per-call replays inside them
-    counted apart), and per column the weight audit, the probe comparisons and the audit records; the
-    rest (reference cache, records, verdict) is ``other``."""
-    out = {"loads": loads}
+    """Where the harness's wall time went (the values add up to ``wall``): loads, the forwards without
+    the oracle's per-call replays made inside them, those replays, per column the weight audit, the
+    probe comparisons and the audit records, and the rest (reference cache, records, verdict)."""
+    cols: dict[str, float] = {}
     for col in r.columns.values():
-        for k, v in getattr(col, "phase_seconds", {}).items():
-            out[k] = out.get(k, 0.0) + v
-    replay = out.get("audit_replay", 0.0)
-    out["forwards_without_audit_replay"] = forwards - replay
-    out["other"] = wall - loads - forwards - sum(v for k, v in out.items()
-                                                 if k not in ("loads", "audit_replay", "forwards_without_audit_replay"))
-    return out
+        for k, v in col.phase_seconds.items():
+            cols[k] = cols.get(k, 0.0) + v
+    replay = cols.pop("audit_replay", 0.0)
+    return {"loads": loads, "forwards_without_audit_replay": forwards - replay, "audit_replay": replay, **cols,
+            "other": wall - loads - forwards - sum(cols.values())}
 
 
 # ---- the run ---------------------------------------------------------------------------------------------
@@ -374,9 +374,6 @@ class Bench:
             holder["m"], m = self.meter.run(lambda: dsv4.load_model(str(path), plan="default", backend=backend,
                                                                      device=self.device))
             self.res["runs"].append({"side": "native", "backend": backend, "phase": "load", **m})
-            # first calls compile kernels / build lookup tables: a 16-token prefill, timed apart
-            _, w = self.meter.run(lambda: layerwise(holder["m"], self.ids(16), self.meter, self.c))
-            self.res["runs"].append({"side": "native", "backend": backend, "phase": "warmup", "tokens": 16, **w})
         self.stage(f"native:{backend}:load", load)
         if "m" not in holder:
             return False

@@ -134,12 +134,12 @@ class CallAuditor:
             with torch.no_grad():
                 check = audit_request(call.op, call.request, call.output)
         except Exception as e:  # a request the oracle cannot replay is a finding, not a crash
-            self.replay_seconds += time.perf_counter() - t0
             self.errors.append(f"{call.module} {call.op} call #{index}: the oracle could not replay it: {e}")
             tally.violations += 1
             tally.worst_ratio = float("inf")
             return
-        self.replay_seconds += time.perf_counter() - t0
+        finally:
+            self.replay_seconds += time.perf_counter() - t0
         tally.worst_ratio = max(tally.worst_ratio, check.worst_ratio)
         if check.passed:
             return
