@@ -16,7 +16,7 @@ The identity is fed in chunks of rows (and experts), so memory stays at one chun
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -24,12 +24,12 @@ from dsv4.checkpoint.formats import NVFP4, StoredWeight, WeightFormat
 from dsv4.kernels.contract import FP4Operand, GemmRequest, GroupedGemmRequest
 from dsv4.layers.grouped_linear import Fp4GroupedLinear
 from dsv4.layers.linear import Fp4Linear
-from dsv4.numerics import swizzled_numel
 from reference.dequant import dequant_nvfp4
 
 from .calls import linear_scales
 
 CHUNK_ROWS = 1024
+BATCH_ELEMENTS = 1 << 26   # output elements of one grouped call (128 MiB of BF16)
 _E2M1_ONE = 2          # code of +1.0
 _E4M3_ONE = 0x38       # byte of 1.0
 MAX_EXAMPLES = 5
@@ -105,39 +105,6 @@ def _reference_view(packed: torch.Tensor, scales: torch.Tensor, g: torch.Tensor,
     return dequant_nvfp4(sw)
 
 
-def _experts(mod: Any) -> Iterator[tuple[int | None, FP4Operand]]:
-    op = mod.weight_operand()
-    if isinstance(mod, Fp4Linear):
-        yield None, op
-        return
-    n, sc = mod.n_per_group, op.k // 16
-    per = swizzled_numel(n, sc) if op.scale_layout == "swizzled" else n
-    for e in range(mod.groups):
-        scales = op.scales[e * per:(e + 1) * per]
-        yield e, FP4Operand(op.packed[e * n:(e + 1) * n], scales, op.global_scale[e], k=op.k,
-                            scale_layout=op.scale_layout)
-
-
-def _kernel_view(backend: Any, w: FP4Operand, grouped: bool, rows: range) -> torch.Tensor:
-    """``I[rows] @ W^T`` through the backend's own GEMM (grouped GEMM for an expert bank)."""
-    a = identity_operand(rows, w.k, w.device)
-    if not grouped:
-        return backend.gemm(GemmRequest(a, w))
-    one = torch.ones(1, dtype=torch.float32, device=w.device)
-    offsets = torch.tensor([0, len(rows)], dtype=torch.int32, device=w.device)
-    b = FP4Operand(w.packed, w.scales, w.global_scale.reshape(1), k=w.k, scale_layout=w.scale_layout)
-    return backend.grouped_gemm(GroupedGemmRequest(a, b, offsets, one * b.global_scale))
-
-
-def _compare(got: torch.Tensor, want: torch.Tensor, k0: int) -> tuple[int, list[str]]:
-    g, w = got.to(torch.float32), want.to(torch.float32)
-    same = (g == w) | (torch.isnan(g) & torch.isnan(w))
-    bad = (~same).nonzero()
-    ex = [f"W[{int(n)}, {int(k) + k0}]: expected {float(w[k, n]):.6g}, got {float(g[k, n]):.6g}"
-          for k, n in bad[:MAX_EXAMPLES].tolist()]
-    return int(bad.shape[0]), ex
-
-
 def audit_weights(model: Any, backend: Any | None = None, *, chunk_rows: int = CHUNK_ROWS,
                   progress: Callable[[int, int], None] | None = None) -> WeightAudit:
     """Audit every NVFP4 weight of ``model`` through ``backend`` (default: each module's own dispatcher's)."""
@@ -147,27 +114,89 @@ def audit_weights(model: Any, backend: Any | None = None, *, chunk_rows: int = C
         be = backend or mod.dispatcher.backend
         result.modules += 1
         result.audited.append((mod.name, mod.component))
-        grouped = isinstance(mod, Fp4GroupedLinear)
-        for expert, w in _experts(mod):
-            n, k = w.rows, w.k
-            scales = linear_scales(w)
-            g1 = torch.ones((), dtype=torch.float32, device=w.device)
-            passes = (("codes*scales (global 1.0)", FP4Operand(w.packed, w.scales, g1, k=k, scale_layout=w.scale_layout)),
-                      ("with global scale", w))
-            result.weights += n * k
-            for passname, op in passes:
-                want_all = _reference_view(w.packed, scales, op.global_scale.to(torch.float32), k).T  # [K, N]
-                bad, examples = 0, []
-                for k0 in range(0, k, chunk_rows):
-                    rows = range(k0, min(k, k0 + chunk_rows))
-                    got = _kernel_view(be, op, grouped, rows)
-                    want = want_all[k0:rows.stop].to(torch.bfloat16)
-                    nb, ex = _compare(got, want, k0)
-                    bad += nb
-                    examples += ex[: MAX_EXAMPLES - len(examples)]
-                if bad:
-                    result.mismatches.append(WeightMismatch(mod.name, mod.component, expert, passname, bad, n * k,
-                                                            examples))
+        if isinstance(mod, Fp4GroupedLinear):
+            _audit_bank(be, mod, result, chunk_rows)
+        else:
+            _audit_dense(be, mod, result, chunk_rows)
         if progress:
             progress(i + 1, len(mods))
     return result
+
+
+def _passes(g: torch.Tensor) -> tuple[tuple[str, torch.Tensor], ...]:
+    return (("codes*scales (global 1.0)", torch.ones_like(g, dtype=torch.float32)), ("with global scale", g))
+
+
+def _audit_dense(be: Any, mod: Any, result: WeightAudit, chunk_rows: int) -> None:
+    w = mod.weight_operand()
+    n, k = w.rows, w.k
+    scales = linear_scales(w)
+    result.weights += n * k
+    for passname, g in _passes(w.global_scale):
+        op = FP4Operand(w.packed, w.scales, g, k=k, scale_layout=w.scale_layout)
+        want_all = _reference_view(w.packed, scales, g.to(torch.float32), k).T  # [K, N]
+        bad, examples = 0, []
+        for k0 in range(0, k, chunk_rows):
+            rows = range(k0, min(k, k0 + chunk_rows))
+            nb, ex = _compare(_kernel_view(be, op, rows), want_all[k0:rows.stop].to(torch.bfloat16), k0)
+            bad += nb
+            examples += ex[: MAX_EXAMPLES - len(examples)]
+        if bad:
+            result.mismatches.append(WeightMismatch(mod.name, mod.component, None, passname, bad, n * k, examples))
+
+
+def _audit_bank(be: Any, mod: Any, result: WeightAudit, chunk_rows: int) -> None:
+    """An expert bank: one grouped GEMM serves a batch of experts (the identity chunk once per expert,
+    the others empty), so the calls number experts / batch, not experts (thousands at real width)."""
+    op = mod.weight_operand()
+    E, n, k = mod.groups, mod.n_per_group, op.k
+    scales = linear_scales(op, rows=E * n, groups=E)
+    result.weights += E * n * k
+    batch = max(1, BATCH_ELEMENTS // (min(chunk_rows, k) * n))
+    found: dict[tuple[int, int], list[Any]] = {}
+    for pi, (passname, g) in enumerate(_passes(op.global_scale.reshape(E))):
+        b = FP4Operand(op.packed, op.scales, g, k=k, scale_layout=op.scale_layout)
+        for e0 in range(0, E, batch):
+            es = range(e0, min(E, e0 + batch))
+            for k0 in range(0, k, chunk_rows):
+                rows = range(k0, min(k, k0 + chunk_rows))
+                got = _bank_view(be, b, es, rows)                      # [len(es) * r, n]
+                r = len(rows)
+                for j, e in enumerate(es):
+                    sl = slice(e * n, (e + 1) * n)
+                    want = _reference_view(op.packed[sl, k0 // 2:rows.stop // 2].contiguous(),
+                                           scales[sl, k0 // 16:rows.stop // 16].contiguous(),
+                                           g[e].to(torch.float32), r).T.to(torch.bfloat16)
+                    nb, ex = _compare(got[j * r:(j + 1) * r], want, k0)
+                    if nb:
+                        f = found.setdefault((e, pi), [passname, 0, []])
+                        f[1] += nb
+                        f[2] += ex[: MAX_EXAMPLES - len(f[2])]
+    for (e, _), (passname, bad, examples) in sorted(found.items()):
+        result.mismatches.append(WeightMismatch(mod.name, mod.component, e, passname, bad, n * k, examples))
+
+
+def _kernel_view(backend: Any, w: FP4Operand, rows: range) -> torch.Tensor:
+    """``I[rows] @ W^T`` through the backend's own GEMM."""
+    return backend.gemm(GemmRequest(identity_operand(rows, w.k, w.device), w))
+
+
+def _bank_view(backend: Any, b: FP4Operand, experts: range, rows: range) -> torch.Tensor:
+    """``I[rows] @ W_e^T`` for every expert e of ``experts``, stacked, through one grouped GEMM."""
+    i = identity_operand(rows, b.k, b.device)
+    m = len(experts)
+    a = FP4Operand(i.packed.repeat(m, 1), i.scales.repeat(m, 1), i.global_scale, k=b.k)
+    E = int(b.global_scale.numel())
+    counts = torch.zeros(E + 1, dtype=torch.int32)
+    counts[experts.start + 1:experts.stop + 1] = len(rows)
+    offsets = torch.cumsum(counts, 0, dtype=torch.int32).to(b.device)
+    return backend.grouped_gemm(GroupedGemmRequest(a, b, offsets, b.global_scale.to(torch.float32)))
+
+
+def _compare(got: torch.Tensor, want: torch.Tensor, k0: int) -> tuple[int, list[str]]:
+    g, w = got.to(torch.float32), want.to(torch.float32)
+    same = (g == w) | (torch.isnan(g) & torch.isnan(w))
+    bad = (~same).nonzero()
+    ex = [f"W[{int(n)}, {int(k) + k0}]: expected {float(w[k, n]):.6g}, got {float(g[k, n]):.6g}"
+          for k, n in bad[:MAX_EXAMPLES].tolist()]
+    return int(bad.shape[0]), ex

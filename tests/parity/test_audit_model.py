@@ -11,7 +11,7 @@ from dsv4.model import load_model
 from parity.audit import CallAuditor, audit_weights, export_repro, load_repro, replay
 from parity.audit.__main__ import main as audit_main
 from parity.bugzoo.backends import CLEAN_KERNEL, installed
-from parity.bugzoo.kernel_faults import ACT_SCALE, KTAIL, SCALE_NEIGHBOUR
+from parity.bugzoo.kernel_faults import ACT_SCALE, KTAIL, NEXT_ALPHA, SCALE_NEIGHBOUR
 from parity.records import to_frame
 from parity.rules import load_rules
 from parity.threeway import RunSpec, run_threeway
@@ -48,6 +48,28 @@ def test_weight_scale_fault_is_found_by_both_audits(tiny, ids) -> None:
     assert first.module == "layers.0.attn.wq_a" and "codes*scales" in first.passname
     v = auditor.violations[0]
     assert (v.layer, v.component, v.op) == (0, "attn_q", "gemm")
+
+
+def test_weight_audit_of_a_bank_is_batched_and_finds_the_next_experts_alpha(tiny, monkeypatch) -> None:
+    """An expert bank goes through grouped GEMMs of several experts at once; the findings do not depend
+    on the batch, and a kernel scaling expert e with e+1's global scale shows in the global-scale pass."""
+    from parity.audit import weights
+
+    calls, found = [], {}
+    view = weights._bank_view
+    for batch_elements in (1 << 26, 1):                         # every expert in one call / one per call
+        monkeypatch.setattr(weights, "BATCH_ELEMENTS", batch_elements)
+        n = [0]
+        monkeypatch.setattr(weights, "_bank_view", lambda *a, n=n: (n.__setitem__(0, n[0] + 1), view(*a))[1])
+        with installed(NEXT_ALPHA) as name:
+            wa = weights.audit_weights(load_model(str(tiny.path), plan="default", backend=name))
+        calls.append(n[0])
+        found[batch_elements] = [(m.module, m.expert, m.passname, m.mismatches) for m in wa.mismatches]
+    a, b = found.values()
+    assert a == b and a
+    assert ("layers.0.attn.wo_a", 0, "with global scale") in {x[:3] for x in a}
+    assert all(x[2] == "with global scale" for x in a)           # codes and block scales are read right
+    assert 0 < calls[0] < calls[1]                               # fewer calls with bigger batches
 
 
 @pytest.mark.parametrize("fault, op, weights_ok", [(KTAIL, "gemm", False), (ACT_SCALE, "quantize_activation", True)])
