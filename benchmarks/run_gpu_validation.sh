@@ -16,7 +16,10 @@
 #   parity    parity-zoo and parity-rest side by side (two processes share the GPU well: on an H100 the
 #             tests and verdicts parts ran side by side in 165 s and 250 s)
 #   realwidth-flash / realwidth-pro: benchmarks/bench_real_width.py at the exact shapes (one call each;
-#             the JSON goes to $OUT, then benchmarks/real_width_table.py makes reports/real_width.md)
+#             DSV4_RW_BUDGET seconds, default 500; the JSON goes to $OUT, then
+#             benchmarks/real_width_table.py makes reports/real_width.md)
+#   kernel-profile: the sm_90a decode GEMM's own tests, its controlled variants
+#             (benchmarks/profile_sm90_decode_gemm.py) and Nsight Compute sections of its launches
 set -u
 PART=${1:-all}
 RES=/tmp/gpu-results
@@ -69,10 +72,19 @@ run_part() {
     run_part parity-zoo & run_part parity-rest & wait ;;
   realwidth-flash|realwidth-pro)
     local model=${1#realwidth-}
-    step "real_width_$model" 570 python3 benchmarks/bench_real_width.py --model "$model" --budget-s 500 \
+    step "real_width_$model" 570 python3 benchmarks/bench_real_width.py --model "$model" --budget-s "${DSV4_RW_BUDGET:-500}" \
         --workdir /tmp/dsv4-rw --out "$RES/real_width_$model.json"
     if [ -n "${OUT:-}" ]; then cp "$RES/real_width_$model.json" "$OUT/" 2>/dev/null; fi ;;
-  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, verdicts, dspark, zoo, realwidth-flash, realwidth-pro or all)"; return 2 ;;
+  kernel-profile)
+    step pytest_decode_gemm 200 python3 -m pytest -q -rs -p no:cacheprovider tests/dsv4/kernels/test_sm90_decode_gemm_gpu.py \
+        --junitxml="$RES/pytest_decode_gemm.xml"
+    step profile_decode_gemm 150 python3 benchmarks/profile_sm90_decode_gemm.py --json "$RES/profile_decode_gemm.json"
+    # ncu reads the hardware counters on Firecracker machines; clocks left alone (--clock-control none)
+    step ncu_decode_gemm 240 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section SchedulerStats python3 benchmarks/profile_sm90_decode_gemm.py --ncu-region
+    if [ -n "${OUT:-}" ]; then cp "$RES/profile_decode_gemm.json" "$OUT/" 2>/dev/null; fi ;;
+  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, verdicts, dspark, zoo, realwidth-flash, realwidth-pro, kernel-profile or all)"; return 2 ;;
   esac
 }
 {
