@@ -130,14 +130,19 @@ def _where(names: list[str], idx: tuple[int, ...]) -> str:
     return f"{head}[{coords}]"
 
 
-def _clean(check: CallCheck, e: torch.Tensor, g: torch.Tensor, b: torch.Tensor, err: torch.Tensor) -> bool:
+def _clean_worst(e: torch.Tensor, g: torch.Tensor, b: torch.Tensor, err: torch.Tensor) -> float | None:
     """The common case in one host read and a few kernels: every value finite, every bound positive
-    and every error within it. Then the call is recorded as the full judgement would record it (its
-    elements, the worst ratio with the same clamp) and True is returned; otherwise nothing is
-    recorded and the full judgement runs."""
+    and every error within it. Then the worst ratio (with the full judgement's clamp), else None."""
     ok = (torch.isfinite(e) & torch.isfinite(g) & (b > 0) & (err <= b)).all()
     worst, clean = torch.stack([(err / b.clamp(min=1e-38)).amax(), ok.to(torch.float32)]).tolist()
-    if clean != 1.0:
+    return worst if clean == 1.0 else None
+
+
+def _clean(check: CallCheck, e: torch.Tensor, g: torch.Tensor, b: torch.Tensor, err: torch.Tensor) -> bool:
+    """A clean comparison (``_clean_worst``) is recorded as the full judgement would record it (its
+    elements, the worst ratio) and True is returned; otherwise nothing is recorded."""
+    worst = _clean_worst(e, g, b, err)
+    if worst is None:
         return False
     check.add_clean(err.numel(), worst)
     return True
@@ -195,8 +200,8 @@ def _weight(op: FP4Operand, groups: int = 1) -> tuple[torch.Tensor, torch.Tensor
 
 def _gemm_expected(a: torch.Tensor, b: tuple[torch.Tensor, torch.Tensor], alpha: torch.Tensor, k: int,
                    swiglu_limit: float | None) -> tuple[torch.Tensor, torch.Tensor]:
-    acc = a @ b[0].T
-    s = a.abs() @ b[1].T
+    acc = a @ b[0].transpose(-1, -2)   # 2-D, or batched over experts ([E, rows, K] @ [E, K, N])
+    s = a.abs() @ b[1].transpose(-1, -2)
     al = alpha.to(torch.float32)
     pre = acc * al
     err = accumulation_bound(k, s) * al.abs() + (2 * U32 * BOUND_SLACK) * pre.abs()
@@ -229,6 +234,8 @@ def audit_grouped(req: GroupedGemmRequest, got: torch.Tensor) -> CallCheck:
     n = req.n_per_expert
     b_all, b_abs = _weight(req.b, groups=req.num_experts)
     offsets = req.offsets.to("cpu").tolist()
+    if _grouped_batched_clean(check, req, got, a, b_all, b_abs, offsets):
+        return check
     for e in range(req.num_experts):
         lo, hi = offsets[e], offsets[e + 1]
         if lo == hi:
@@ -236,6 +243,47 @@ def audit_grouped(req: GroupedGemmRequest, got: torch.Tensor) -> CallCheck:
         out, bound = _gemm_expected(a[lo:hi], (b_all[e * n:(e + 1) * n], b_abs[e * n:(e + 1) * n]), req.alphas[e], req.a.k, req.swiglu_limit)
         _compare(check, [f"out(expert {e}, rows {lo}..{hi - 1})", "m=", "n="], out, got[lo:hi], bound)
     return check
+
+
+BATCH_ELEMENTS = 2**27  # FP32 elements of a batched replay's weights or padded rows (512 MiB each)
+
+
+def _grouped_batched_clean(check: CallCheck, req: GroupedGemmRequest, got: torch.Tensor, a: torch.Tensor,
+                           b_all: torch.Tensor, b_abs: torch.Tensor, offsets: list[int]) -> bool:
+    """The per-expert judgement of ``audit_grouped`` in a few batched replays: consecutive experts
+    (views of the decoded bank) with their rows padded to the batch's largest count, one host read
+    per batch instead of one per expert. The same oracle values and bounds, elementwise; True (and
+    recorded as the per-expert judgement records a clean call) when every element is clean, else
+    nothing is recorded and the per-expert judgement runs, so a finding reads as it always did."""
+    e_all, n, k = req.num_experts, req.n_per_expert, req.a.k
+    counts = [offsets[e + 1] - offsets[e] for e in range(e_all)]
+    per = max(1, BATCH_ELEMENTS // max(n * k, 1))
+    w3, wa3 = b_all.reshape(e_all, n, k), b_abs.reshape(e_all, n, k)
+    got32 = got.to(a.device, torch.float32)
+    elements, worst, e0 = 0, 0.0, 0
+    while e0 < e_all:
+        e1 = min(e_all, e0 + per)
+        while e1 - e0 > 1 and (e1 - e0) * max(counts[e0:e1]) * k > BATCH_ELEMENTS:
+            e1 -= 1
+        rmax = max(counts[e0:e1])
+        if rmax:
+            last = a.shape[0] - 1  # an empty expert's padding rows point at any real row (masked out)
+            rows = [[min(offsets[e] + min(t, max(counts[e] - 1, 0)), last) for t in range(rmax)]
+                    for e in range(e0, e1)]
+            valid = torch.tensor([[t < counts[e] for t in range(rmax)] for e in range(e0, e1)], device=a.device)
+            idx = torch.tensor(rows, device=a.device)
+            alpha = req.alphas[e0:e1].to(a.device).reshape(-1, 1, 1)
+            out, bound = _gemm_expected(a[idx], (w3[e0:e1], wa3[e0:e1]), alpha, k, req.swiglu_limit)
+            e, b = out[valid], bound[valid].to(torch.float32)
+            g = got32[idx][valid]
+            err = (g - e).abs()
+            w = _clean_worst(e, g, b, err)
+            if w is None:
+                return False
+            elements, worst = elements + err.numel(), max(worst, w)
+        e0 = e1
+    check.add_clean(elements, worst)
+    return True
 
 
 # ---- activation quantization ------------------------------------------------------------------------

@@ -85,6 +85,39 @@ def test_grouped_clean_and_faulty() -> None:
     assert c.violations > 0 and c.examples[0].where.startswith("out(expert 2, rows 5..11)[m=2,")
 
 
+@pytest.mark.parametrize("batch", [1, 2 * 32 * 128, 2**27])   # one expert a batch .. every expert in one
+def test_grouped_batched_replay_records_what_the_per_expert_judgement_records(monkeypatch, batch: int) -> None:
+    import parity.audit.calls as calls
+
+    _, a = _act(14, 128, 8)
+    e, n = 5, 32
+    w = _weight(e * n, 128, 9)
+    b = FP4Operand(w.packed, w.scales, w.global_scale.repeat(e).contiguous() * torch.tensor([1.0, 0.5, 2.0, 1.0, 4.0]), k=128)
+    offsets = torch.tensor([0, 0, 6, 7, 14, 14], dtype=torch.int32)   # empty experts first, inside, last
+    req = GroupedGemmRequest(a, b, offsets, a.global_scale * b.global_scale, 2.0)
+    got = _fp64_grouped(req)
+    monkeypatch.setattr(calls, "BATCH_ELEMENTS", batch)
+    fast = audit_grouped(req, got)
+    monkeypatch.setattr(calls, "_grouped_batched_clean", lambda *args: False)
+    slow = audit_grouped(req, got)
+    assert fast.violations == slow.violations == 0
+    assert fast.elements == slow.elements == 14 * n // 2
+    assert fast.worst_ratio == pytest.approx(slow.worst_ratio, rel=1e-5) and 0 < fast.worst_ratio <= 1
+
+
+def _fp64_grouped(req: GroupedGemmRequest) -> torch.Tensor:
+    """A correct grouped kernel with another accumulation order (float64 sums per expert)."""
+    n, offs = req.n_per_expert, req.offsets.tolist()
+    outs = []
+    for e in range(req.num_experts):
+        b = FP4Operand(req.b.packed[e * n:(e + 1) * n], req.b.scales[e * n:(e + 1) * n], req.alphas[e] / req.a.global_scale,
+                       k=req.a.k)
+        a = FP4Operand(req.a.packed[offs[e]:offs[e + 1]], req.a.scales[offs[e]:offs[e + 1]], req.a.global_scale, k=req.a.k)
+        if offs[e + 1] > offs[e]:
+            outs.append(_fp64_order(GemmRequest(a, b, req.swiglu_limit)))
+    return torch.cat(outs)
+
+
 def test_quant_code_scale_and_global_faults_are_violations() -> None:
     req, a = _act(4, 64, 7)
     codes = a.packed.clone()
