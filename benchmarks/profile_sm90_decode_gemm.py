@@ -7,7 +7,8 @@ region for Nsight Compute.
 
 Per shape, kernel-only (CUDA-graph replay) times of: the kernel with its weights cycled over enough
 copies that they leave the 50 MB L2 (as the bench), the same with one copy (weights L2-resident after
-the first call), an empty launch (one tiny elementwise kernel: the per-kernel floor of a graph), and
+the first call), the ``copy16`` variant (weight rows by coalesced 16-byte cp.async instead of one
+TMA bulk copy per row), an empty launch (one tiny elementwise kernel: the per-kernel floor of a graph), and
 cuBLAS BF16. If the L2-resident time is close to the L2-defeated one, DRAM is not what limits the
 kernel. ``--ncu-region`` then runs each shape's kernel and the BF16 GEMM once inside
 ``cudaProfilerStart/Stop`` so that ncu (``--profile-from-start off``) sees exactly those launches.
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from dsv4.kernels.cutedsl.sm90.decode_launch import DecodeGemm
 
     torch.manual_seed(0)
-    be, dg = Sm90Backend("cuda"), DecodeGemm("cuda")
+    be, dg, dg16 = Sm90Backend("cuda"), DecodeGemm("cuda"), DecodeGemm("cuda", copy16=True)
     cases = []
     for name, n, k, m in SHAPES:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -57,17 +58,19 @@ def main(argv: list[str] | None = None) -> int:
         for name, n, k, m, x, aq in cases:
             w, wb = _fp4_weight(n, k), torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
             dg(GemmRequest(aq, w))  # compile / warm outside the region
+            dg16(GemmRequest(aq, w))
             x @ wb.t()
-            ops.append((lambda aq=aq, w=w: dg(GemmRequest(aq, w)), lambda x=x, wb=wb: x @ wb.t()))
+            ops.append((lambda aq=aq, w=w: dg(GemmRequest(aq, w)), lambda aq=aq, w=w: dg16(GemmRequest(aq, w)),
+                        lambda x=x, wb=wb: x @ wb.t()))
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
-        for fp4, bf16 in ops:
-            fp4()
-            bf16()
+        for fns in ops:
+            for f in fns:
+                f()
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
         for (name, n, k, m, *_), _ in zip(cases, ops):
-            print(f"profiled: {name} M={m}: decode kernel, then cuBLAS BF16")
+            print(f"profiled: {name} M={m}: decode kernel, its copy16 variant, then cuBLAS BF16")
         return 0
     hbm = measure_hbm()
     tiny = torch.zeros(1, device="cuda")
@@ -77,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, n, k, m, x, aq in cases:
         ws = [_fp4_weight(n, k) for _ in range(copies_for(fp4_bytes(n, k)))]
         cold = graph_us([lambda w=w: dg(GemmRequest(aq, w)) for w in ws])
+        cold16 = graph_us([lambda w=w: dg16(GemmRequest(aq, w)) for w in ws])
+        same16 = bool(torch.equal(dg(GemmRequest(aq, ws[0])), dg16(GemmRequest(aq, ws[0]))))
         w0 = ws[0]
         warm = graph_us([lambda: dg(GemmRequest(aq, w0))])
         ws = w0 = None  # free the copies before the BF16 weight
@@ -85,11 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         plan = dg.plan(m, n, k, False)
         io = fp4_bytes(n, k)
         row = {"case": name, "m": m, "l2_defeated_us": cold, "l2_resident_us": warm, "empty_launch_us": floor,
+               "copy16_l2_defeated_us": cold16, "copy16_bit_identical": same16,
                "bf16_l2_resident_us": bf16_warm if 2 * n * k < 40 * 2**20 else None,
                "roofline_us": io / hbm["roofline"] * 1e6, "ctas": plan.ctas, "splits": plan.splits,
                "cfg": str(plan.cfg)}
         rows.append(row)
-        print(f"{name} M={m}: L2-defeated {cold:.1f} us, L2-resident {warm:.1f} us, roofline {row['roofline_us']:.1f} us, "
+        print(f"{name} M={m}: L2-defeated {cold:.1f} us, L2-resident {warm:.1f} us, copy16 {cold16:.1f} us "
+              f"(bit-identical {same16}), BF16 L2-resident {bf16_warm:.1f} us, roofline {row['roofline_us']:.1f} us, "
               f"{plan.ctas} CTAs x {plan.splits} splits")
         torch.cuda.empty_cache()
     path = args.json or (str(Path(os.environ["OUT"]) / "profile_sm90_decode_gemm.json") if os.environ.get("OUT") else None)

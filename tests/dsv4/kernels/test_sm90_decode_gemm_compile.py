@@ -34,6 +34,8 @@ VARIANTS = {
     "grouped_n8_swiglu": dict(ntok=8, grouped=True, swiglu=True),
     "n16_rows256_s4": dict(ntok=16, rows=256, stages=4),
     "grouped_n16": dict(ntok=16, grouped=True),
+    "n8_copy16": dict(ntok=8, copy16=True),
+    "grouped_n16_bk128_s6_copy16_swiglu": dict(ntok=16, bk=128, stages=6, grouped=True, swiglu=True, copy16=True),
 }
 
 
@@ -62,9 +64,13 @@ def test_decode_gemm_ptx_census(builds, name):
     assert re.search(r"mbarrier\.arrive\.expect_tx", ptx)
     assert re.search(r"mbarrier\.arrive\.shared::cta\.b64", ptx)
     assert re.search(r"cp\.async\.mbarrier\.arrive\.noinc", ptx)
-    # weights through the TMA engine with an L2 evict-first policy; tokens without the hint
-    assert re.search(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes\.L2::cache_hint", ptx)
-    assert re.search(r"createpolicy\.fractional\.L2::evict_first", ptx)
+    if cfg.copy16:  # weights by the lanes in 16-byte chunks (one per lane per row segment), tokens by TMA
+        assert len(re.findall(r"cp\.async\.cg\.shared\.global\.L2::256B \[[^]]+\], \[[^]]+\], 16,", ptx)) == \
+            cfg.rows * (cfg.bk // 32) // 32
+        assert "L2::cache_hint" not in ptx and re.search(r"cp\.async\.bulk\.shared::cluster", ptx)
+    else:  # weights through the TMA engine with an L2 evict-first policy; tokens without the hint
+        assert re.search(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes\.L2::cache_hint", ptx)
+        assert re.search(r"createpolicy\.fractional\.L2::evict_first", ptx)
     assert re.search(r"cp\.async\.ca\.shared\.global \[[^]]+\], \[[^]]+\], 4,", ptx)
     # MMA: 4 m16 fragments x (ntok/8) n8 tiles x 2 k16-steps x 4 words x quads per stage
     mmas = len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32", ptx))

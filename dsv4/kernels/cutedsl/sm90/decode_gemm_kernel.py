@@ -64,6 +64,10 @@ class DecodeConfig:
     swiglu: bool = False
     rows: int = 128  # weight rows per CTA: 64, 128 or 256 (64 consumer-warp rows per row group)
     grouped: bool = False  # MoE: token tiles of each expert scheduled from the offsets (grid.z)
+    # weight rows copied by the producer warp's lanes in coalesced 16-byte cp.async chunks (a row's
+    # k-tile by bk/32 neighbouring lanes) instead of one 1-D bulk copy per row: a variant for the
+    # question whether ~128-byte TMA requests limit the weight stream
+    copy16: bool = False
 
     @property
     def row_groups(self) -> int:
@@ -351,7 +355,10 @@ class Sm90DecodeGemm:
             k_el = kt * cfg.bk
             kb = cutlass.min(cfg.bk // 2, (k - k_el) // 2)
             if lane == 0:
-                dp.mbar_arrive_expect_tx(full, (vrows + vtok) * kb)
+                if cutlass.const_expr(cfg.copy16):
+                    dp.mbar_arrive_expect_tx(full, vtok * kb)  # only the token rows go by bulk copy
+                else:
+                    dp.mbar_arrive_expect_tx(full, (vrows + vtok) * kb)
             cute.arch.sync_warp()
             base = ring + s * cfg.stage_bytes
             koff = Int64(k_el // 2)
@@ -367,15 +374,44 @@ class Sm90DecodeGemm:
                     off = Int64(cg * 512)
                 sbytes.append(sb)
                 uoff.append(off)
-            for j in cutlass.range_constexpr(cfg.rows // 32):
-                r = lane + 32 * j
-                if row_valid[j]:
-                    self._copy_row(base + r * cfg.pitch, base + cfg.ws_off + r * cfg.groups * 4,
-                                   row_src[j] + koff, row_sc[j], uoff, sbytes, kb, full, policy, True)
+            if cutlass.const_expr(cfg.copy16):
+                self._copy_rows16(base, b_base, row_bytes, koff, kb, bx, n, lane)
+                for j in cutlass.range_constexpr(cfg.rows // 32):
+                    if row_valid[j]:
+                        r = lane + 32 * j
+                        for u in cutlass.range_constexpr(cfg.groups):
+                            ptx.cp_async_4(base + cfg.ws_off + r * cfg.groups * 4 + u * 4, row_sc[j] + uoff[u],
+                                           sbytes[u])
+            else:
+                for j in cutlass.range_constexpr(cfg.rows // 32):
+                    r = lane + 32 * j
+                    if row_valid[j]:
+                        self._copy_row(base + r * cfg.pitch, base + cfg.ws_off + r * cfg.groups * 4,
+                                       row_src[j] + koff, row_sc[j], uoff, sbytes, kb, full, policy, True)
             if lane < vtok:
                 self._copy_row(base + cfg.a_off + lane * cfg.pitch, base + cfg.as_off + lane * cfg.groups * 4,
                                tok_src + koff, tok_sc, uoff, sbytes, kb, full, policy, False)
             dp.cp_async_mbar_arrive_noinc(full)
+
+    @cute.jit
+    def _copy_rows16(self, base, b_base, row_bytes, koff, kb, bx, n, lane):
+        """``copy16``: the stage's weight rows in 16-byte ``cp.async`` chunks, ``bk/32`` lanes a row
+        (one warp instruction covers 32 / (bk/32) whole row segments: coalesced). Chunks past K or
+        rows past N are zero-filled without a read (source size 0, source address the row 0)."""
+        cfg = self.cfg
+        cpr = cfg.bk // 32
+        rpi = 32 // cpr
+        q = lane % cpr
+        rsub = lane // cpr
+        for it in cutlass.range_constexpr(cfg.rows // rpi):
+            r = rsub + rpi * it
+            grow, valid = self._wrow(r, bx, n)
+            nb = Int32(0)
+            src = b_base
+            if valid and q * 16 < kb:
+                nb = Int32(16)
+                src = b_base + Int64(grow) * row_bytes + koff + Int64(q * 16)
+            ptx.cp_async_16(base + r * cfg.pitch + q * 16, src, nb)
 
     # ------------------------------------------------------------------ consumer warps
     @cute.jit
