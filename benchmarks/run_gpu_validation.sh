@@ -76,13 +76,13 @@ run_part() {
         --workdir /tmp/dsv4-rw --out "$RES/real_width_$model.json"
     if [ -n "${OUT:-}" ]; then cp "$RES/real_width_$model.json" "$OUT/" 2>/dev/null; fi ;;
   kernel-profile)
-    step pytest_decode_gemm 200 python3 -m pytest -q -rs -p no:cacheprovider tests/dsv4/kernels/test_sm90_decode_gemm_gpu.py \
-        --junitxml="$RES/pytest_decode_gemm.xml"
-    step profile_decode_gemm 150 python3 benchmarks/profile_sm90_decode_gemm.py --json "$RES/profile_decode_gemm.json"
+    step profile_decode_gemm 120 python3 benchmarks/profile_sm90_decode_gemm.py --json "$RES/profile_decode_gemm.json"
     # ncu reads the hardware counters on Firecracker machines; clocks left alone (--clock-control none)
-    step ncu_decode_gemm 240 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+    step ncu_decode_gemm 180 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats \
         --section SchedulerStats python3 benchmarks/profile_sm90_decode_gemm.py --ncu-region
+    step pytest_decode_gemm 200 python3 -m pytest -q -rs -p no:cacheprovider tests/dsv4/kernels/test_sm90_decode_gemm_gpu.py \
+        --junitxml="$RES/pytest_decode_gemm.xml"
     if [ -n "${OUT:-}" ]; then cp "$RES/profile_decode_gemm.json" "$OUT/" 2>/dev/null; fi ;;
   *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, verdicts, dspark, zoo, realwidth-flash, realwidth-pro, kernel-profile or all)"; return 2 ;;
   esac
