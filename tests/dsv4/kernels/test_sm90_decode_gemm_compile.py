@@ -65,8 +65,10 @@ def test_decode_gemm_ptx_census(builds, name):
     assert re.search(r"mbarrier\.arrive\.shared::cta\.b64", ptx)
     assert re.search(r"cp\.async\.mbarrier\.arrive\.noinc", ptx)
     if cfg.copy16:  # weights by the lanes in 16-byte chunks (one per lane per row segment), tokens by TMA
+        from dsv4.kernels.cutedsl.sm90.decode_gemm_kernel import COPY16_UNROLL
+
         assert len(re.findall(r"cp\.async\.cg\.shared\.global\.L2::256B \[[^]]+\], \[[^]]+\], 16,", ptx)) == \
-            cfg.rows * (cfg.bk // 32) // 32
+            COPY16_UNROLL   # an unrolled loop over the rows * (bk/32) / 32 chunk rounds
         assert "L2::cache_hint" not in ptx and re.search(r"cp\.async\.bulk\.shared::cluster", ptx)
     else:  # weights through the TMA engine with an L2 evict-first policy; tokens without the hint
         assert re.search(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes\.L2::cache_hint", ptx)

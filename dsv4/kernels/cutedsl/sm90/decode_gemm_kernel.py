@@ -51,6 +51,7 @@ FULL_ARRIVALS = 1 + 32  # lane 0's arrive.expect_tx + 32 cp.async arrivals
 # Both MMA operands are decoded times 2^-14 (``decode_ptx.DECODE8_REBIAS``), so the accumulators
 # hold the dot products times 2^-28, exactly: FP32 bits of 2^28, applied when they leave registers.
 UNSCALE_BITS = (127 + 2 * dp.REBIAS_LOG2) << 23
+COPY16_UNROLL = 4  # copy16: row chunks issued per unrolled producer iteration
 
 
 @dataclass(frozen=True)
@@ -403,7 +404,7 @@ class Sm90DecodeGemm:
         rpi = 32 // cpr
         q = lane % cpr
         rsub = lane // cpr
-        for it in cutlass.range_constexpr(cfg.rows // rpi):
+        for it in cutlass.range(cfg.rows // rpi, unroll=COPY16_UNROLL):  # not fully: registers
             r = rsub + rpi * it
             grow, valid = self._wrow(r, bx, n)
             nb = Int32(0)
