@@ -18,6 +18,8 @@
 #   realwidth-flash / realwidth-pro: benchmarks/bench_real_width.py at the exact shapes (one call each;
 #             DSV4_RW_BUDGET seconds, default 500; the JSON goes to $OUT, then
 #             benchmarks/real_width_table.py makes reports/real_width.md)
+#   shapes    benchmarks/bench_nvfp4_shapes.py: every Flash / Pro GEMM shape, M 1..4096, NVFP4 vs cuBLAS BF16
+#             (DSV4_SHAPES_MODELS, default flash,pro; one call)
 #   kernel-profile: the sm_90a decode GEMM's own tests, its controlled variants
 #             (benchmarks/profile_sm90_decode_gemm.py) and Nsight Compute sections of its launches
 set -u
@@ -75,6 +77,10 @@ run_part() {
     step "real_width_$model" 570 python3 benchmarks/bench_real_width.py --model "$model" --budget-s "${DSV4_RW_BUDGET:-500}" \
         --workdir /tmp/dsv4-rw --out "$RES/real_width_$model.json"
     if [ -n "${OUT:-}" ]; then cp "$RES/real_width_$model.json" "$OUT/" 2>/dev/null; fi ;;
+  shapes)
+    step nvfp4_shapes 590 python3 benchmarks/bench_nvfp4_shapes.py --models "${DSV4_SHAPES_MODELS:-flash,pro}" \
+        --budget-s 470 --json "$RES/bench_nvfp4_shapes.json"
+    if [ -n "${OUT:-}" ]; then cp "$RES/bench_nvfp4_shapes.json" "$OUT/" 2>/dev/null; fi ;;
   kernel-profile)
     step profile_decode_gemm 120 python3 benchmarks/profile_sm90_decode_gemm.py --json "$RES/profile_decode_gemm.json"
     # ncu reads the hardware counters on Firecracker machines; clocks left alone (--clock-control none)
@@ -84,7 +90,7 @@ run_part() {
     step pytest_decode_gemm 200 python3 -m pytest -q -rs -p no:cacheprovider tests/dsv4/kernels/test_sm90_decode_gemm_gpu.py \
         --junitxml="$RES/pytest_decode_gemm.xml"
     if [ -n "${OUT:-}" ]; then cp "$RES/profile_decode_gemm.json" "$OUT/" 2>/dev/null; fi ;;
-  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, verdicts, dspark, zoo, realwidth-flash, realwidth-pro, kernel-profile or all)"; return 2 ;;
+  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, verdicts, dspark, zoo, realwidth-flash, realwidth-pro, shapes, kernel-profile or all)"; return 2 ;;
   esac
 }
 {
