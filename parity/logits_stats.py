@@ -53,15 +53,32 @@ class PositionStats:
                                 for f in PositionStats.__dataclass_fields__})
 
 
+POSITION_CHUNK_ELEMENTS = 1 << 25   # float64 logits a chunk of positions holds (256 MiB per tensor)
+
+
 def position_stats(ref_logits: torch.Tensor, test_logits: torch.Tensor, targets: torch.Tensor | None = None,
                    *, topk: int = DEFAULT_TOPK, near_tie: float = DEFAULT_NEAR_TIE) -> PositionStats:
     """``ref_logits``, ``test_logits``: [P, V]; ``targets``: [P] token ids, -1 (or None) = use the
-    reference argmax (no real next token there)."""
+    reference argmax (no real next token there). Computed in float64 on the GPU when either side is on
+    one (at a real vocab the host's float64 softmax and top-k took seconds a prompt), in chunks of
+    positions (every statistic is per position); the result is on the CPU."""
     if ref_logits.shape != test_logits.shape or ref_logits.dim() != 2:
         raise ValueError(f"logits: expected two [P, V] tensors of one shape, found {tuple(ref_logits.shape)} "
                          f"and {tuple(test_logits.shape)}")
-    lr = torch.log_softmax(ref_logits.detach().to("cpu", torch.float64), dim=-1)
-    lt = torch.log_softmax(test_logits.detach().to("cpu", torch.float64), dim=-1)
+    dev = next((t.device for t in (test_logits, ref_logits) if t.device.type == "cuda"), torch.device("cpu"))
+    if targets is None:
+        targets = torch.full((ref_logits.shape[0],), -1, dtype=torch.int64)
+    targets = targets.to("cpu", torch.int64)
+    step = max(1, POSITION_CHUNK_ELEMENTS // max(ref_logits.shape[1], 1))
+    parts = [_position_stats(ref_logits[i:i + step], test_logits[i:i + step], targets[i:i + step], dev, topk, near_tie)
+             for i in range(0, ref_logits.shape[0], step)]
+    return parts[0] if len(parts) == 1 else PositionStats.concat(parts)
+
+
+def _position_stats(ref_logits: torch.Tensor, test_logits: torch.Tensor, targets: torch.Tensor, dev: torch.device,
+                    topk: int, near_tie: float) -> PositionStats:
+    lr = torch.log_softmax(ref_logits.detach().to(dev, torch.float64), dim=-1)
+    lt = torch.log_softmax(test_logits.detach().to(dev, torch.float64), dim=-1)
     pr = lr.exp()
     kl = (pr * (lr - lt)).sum(-1).clamp_min(0.0)   # tiny negative values are float64 rounding
     k = min(topk, lr.shape[-1])
@@ -71,17 +88,16 @@ def position_stats(ref_logits: torch.Tensor, test_logits: torch.Tensor, targets:
     margin = top_r.values[:, 0] - top_r.values[:, 1]
     ref_set = top_r.indices[:, :k]
     overlap = (ref_set.unsqueeze(-1) == top_t.indices.unsqueeze(-2)).any(-1).sum(-1).to(torch.float64) / k
-    if targets is None:
-        targets = torch.full_like(ref_top1, -1)
-    targets = targets.to("cpu", torch.int64)
+    targets = targets.to(dev)
     real = targets >= 0
     t_star = torch.where(real, targets, ref_top1)
     lr_t = lr.gather(-1, t_star[:, None])[:, 0]
     lt_t = lt.gather(-1, t_star[:, None])[:, 0]
     nll = torch.where(real, lr_t - lt_t, torch.full_like(lr_t, math.nan))
-    return PositionStats(kl=kl, top1_agree=ref_top1 == test_top1, near_tie=margin < near_tie,
-                         topk_overlap=overlap, dp=lt_t.exp() - lr_t.exp(), ref_margin=margin,
-                         ref_top1=ref_top1, test_top1=test_top1, nll_diff=nll)
+    out = PositionStats(kl=kl, top1_agree=ref_top1 == test_top1, near_tie=margin < near_tie,
+                        topk_overlap=overlap, dp=lt_t.exp() - lr_t.exp(), ref_margin=margin,
+                        ref_top1=ref_top1, test_top1=test_top1, nll_diff=nll)
+    return PositionStats(**{f: getattr(out, f).cpu() for f in PositionStats.__dataclass_fields__})
 
 
 def teacher_forced_targets(ids: torch.Tensor) -> torch.Tensor:

@@ -73,3 +73,34 @@ def test_top_tokens_reports_both_sides() -> None:
     assert [r.token_id for r in rows] == [1, 2, 3]
     assert [r.test_rank for r in rows] == [3, 1, 2]
     assert rows[0].ref_prob == pytest.approx(float(torch.softmax(ref, 0)[1]))
+
+
+def _stats_equal(a, b, tol: float = 0.0) -> None:
+    for f in a.__dataclass_fields__:
+        x, y = getattr(a, f), getattr(b, f)
+        assert x.device.type == "cpu" and y.device.type == "cpu" and x.shape == y.shape, f
+        if x.dtype == torch.bool or not x.is_floating_point():
+            assert torch.equal(x, y), f
+        else:
+            assert torch.allclose(x, y, rtol=tol, atol=tol, equal_nan=True), f
+
+
+def test_position_stats_in_chunks_of_positions_equal_one_pass(monkeypatch) -> None:
+    import parity.logits_stats as ls
+
+    g = torch.Generator().manual_seed(5)
+    ref, test = torch.randn(37, 300, generator=g) * 4, torch.randn(37, 300, generator=g) * 4
+    targets = torch.randint(0, 300, (37,), generator=g)
+    targets[-1] = -1
+    whole = position_stats(ref, test, targets)
+    monkeypatch.setattr(ls, "POSITION_CHUNK_ELEMENTS", 300 * 5)   # 5 positions a chunk, a ragged last one
+    _stats_equal(position_stats(ref, test, targets), whole)
+
+
+@pytest.mark.gpu
+def test_position_stats_on_the_gpu_match_the_host() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    g = torch.Generator().manual_seed(6)
+    ref, test = torch.randn(64, 4096, generator=g) * 4, torch.randn(64, 4096, generator=g) * 4
+    _stats_equal(position_stats(ref.cuda(), test, None), position_stats(ref, test, None), tol=1e-12)
