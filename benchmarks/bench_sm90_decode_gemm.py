@@ -43,7 +43,7 @@ GROUPED = [("pro experts w13+SwiGLU 6-of-384", 6144, 7168, True, 384), ("pro exp
 VARIANTS = [dict(), dict(stages=6), dict(bk=128, stages=8), dict(consumer_warps=8, stages=8, ctas_per_sm=1),
             dict(ctas_per_sm=3, stages=3), dict(ctas_per_sm=4), dict(rows=64), dict(rows=64, ctas_per_sm=3, stages=5),
             dict(max_splits=32), dict(rows=256, ctas_per_sm=1), dict(rows=256, consumer_warps=8, ctas_per_sm=1),
-            dict(copy16=True), dict(copy16=True, stages=6), dict(copy16=True, ctas_per_sm=3, stages=3)]
+            dict(copy16=False), dict(copy16=True, stages=6), dict(copy16=True, ctas_per_sm=3, stages=3)]
 ERRORS: list[str] = []
 
 
