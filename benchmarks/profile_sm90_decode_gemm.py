@@ -9,7 +9,8 @@ Per shape, kernel-only (CUDA-graph replay) times of: the kernel with its weights
 copies that they leave the 50 MB L2 (as the bench), the same with one copy (weights L2-resident after
 the first call), the ``copy16`` variant (weight rows by coalesced 16-byte cp.async instead of one
 TMA bulk copy per row), an empty launch (one tiny elementwise kernel: the per-kernel floor of a graph), and
-cuBLAS BF16. If the L2-resident time is close to the L2-defeated one, DRAM is not what limits the
+cuBLAS BF16; then the grouped (MoE) form at Pro's 6-of-384 routing with and without ``copy16``.
+If the L2-resident time is close to the L2-defeated one, DRAM is not what limits the
 kernel. ``--ncu-region`` then runs each shape's kernel and the BF16 GEMM once inside
 ``cudaProfilerStart/Stop`` so that ncu (``--profile-from-start off``) sees exactly those launches.
 """
@@ -100,10 +101,44 @@ def main(argv: list[str] | None = None) -> int:
               f"(bit-identical {same16}), BF16 L2-resident {bf16_warm:.1f} us, roofline {row['roofline_us']:.1f} us, "
               f"{plan.ctas} CTAs x {plan.splits} splits")
         torch.cuda.empty_cache()
+    rows += grouped_rows(be, dg, dg16)
     path = args.json or (str(Path(os.environ["OUT"]) / "profile_sm90_decode_gemm.json") if os.environ.get("OUT") else None)
     if path:
         Path(path).write_text(json.dumps({"device": torch.cuda.get_device_name(), "hbm": hbm, "rows": rows}, indent=1))
     return 0
+
+
+# MoE decode: (name, N per expert, K, SwiGLU, experts); T tokens each routed to 6 experts
+GROUPED = [("pro experts w13+SwiGLU 6-of-384", 6144, 7168, True, 384), ("pro experts w2 6-of-384", 7168, 3072, False, 384)]
+
+
+def grouped_rows(be, dg, dg16) -> list[dict]:
+    """The grouped form with and without copy16 (its default stays the per-row bulk copy until timed)."""
+    from bench_nvfp4_gemm import _fp4_weight, _routing
+    from bench_sm90_decode_gemm import graph_us
+
+    from dsv4.kernels.contract import ActQuantRequest, GroupedGemmRequest
+
+    rows = []
+    for name, n, k, sw, experts in GROUPED:
+        w = _fp4_weight(n, k, experts)
+        for tokens in (1, 16):
+            offs_cpu, counts = _routing(tokens, torch.Generator().manual_seed(tokens), experts)
+            m = int(offs_cpu[-1])
+            g = torch.tensor(0.01, device="cuda")
+            aq = be.quantize_activation(ActQuantRequest(torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
+                                                        global_scale=g, scale_layout="swizzled"))
+            req = GroupedGemmRequest(aq, w, offs_cpu.cuda(), (g * w.global_scale).float(), swiglu_limit=7.0 if sw else None)
+            bulk = graph_us([lambda: dg.grouped(req, check_values=False)])
+            c16 = graph_us([lambda: dg16.grouped(req, check_values=False)])
+            same = bool(torch.equal(dg.grouped(req), dg16.grouped(req)))
+            rows.append({"case": name, "m": tokens, "rows": m, "active_experts": int((counts > 0).sum()),
+                         "grouped_bulk_us": bulk, "grouped_copy16_us": c16, "copy16_bit_identical": same})
+            print(f"{name} T={tokens} ({m} rows): per-row bulk copies {bulk:.1f} us, copy16 {c16:.1f} us "
+                  f"(bit-identical {same})")
+        w = None
+        torch.cuda.empty_cache()
+    return rows
 
 
 if __name__ == "__main__":

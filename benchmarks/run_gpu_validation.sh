@@ -86,7 +86,7 @@ run_part() {
     # ncu reads the hardware counters on Firecracker machines; clocks left alone (--clock-control none)
     step ncu_decode_gemm 180 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy --section WarpStateStats \
-        --section SchedulerStats python3 benchmarks/profile_sm90_decode_gemm.py --ncu-region
+        --section SchedulerStats --section SourceCounters python3 benchmarks/profile_sm90_decode_gemm.py --ncu-region
     step pytest_decode_gemm 200 python3 -m pytest -q -rs -p no:cacheprovider tests/dsv4/kernels/test_sm90_decode_gemm_gpu.py \
         --junitxml="$RES/pytest_decode_gemm.xml"
     if [ -n "${OUT:-}" ]; then cp "$RES/profile_decode_gemm.json" "$OUT/" 2>/dev/null; fi ;;

@@ -268,6 +268,27 @@ def test_grouped_decode_gemm(dg, counts, n, k):
                         f"grouped e{e}/{len(counts)} rows {hi - lo} n{n} k{k}")
 
 
+@pytest.mark.parametrize("counts,n,k,limit", [([2, 0, 3, 1, 0, 9, 17, 1], 200, 1056, None), ([5] * 24, 3072, 7168, None),
+                                               ([0, 4, 1, 0, 11], 2 * 136, 2048, 7.0)])
+def test_grouped_decode_gemm_copy16(counts, n, k, limit):
+    """The grouped form with the weight rows copied in 16-byte chunks (not its default yet)."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
+    from dsv4.kernels.cutedsl.sm90.decode_launch import DecodeGemm
+
+    gen = torch.Generator().manual_seed(len(counts) + n)
+    got, a, b, alphas = _grouped(DecodeGemm("cuda", copy16=True), counts, n, k, gen, limit=limit,
+                                 a_scale=4.0 if limit else 1.0)
+    offs, ad = _offsets(counts).tolist(), _deq(a)
+    for e in range(len(counts)):
+        lo, hi = offs[e], offs[e + 1]
+        if lo < hi:
+            bd = _deq(b, group=e, groups=len(counts))
+            if limit is None:
+                _check_gemm(got[lo:hi], ad[lo:hi], bd, alphas[e].double(), k, f"copy16 grouped e{e}")
+            else:
+                _check_swiglu(got[lo:hi], ad[lo:hi], bd, alphas[e].double(), k, limit, f"copy16 grouped swiglu e{e}")
+
+
 def test_grouped_decode_routing_6_of_384_swiglu(dg):
     """A decode step of 4 tokens, each routed to 6 of 384 experts, fused SwiGLU (w13)."""
     gen = torch.Generator().manual_seed(11)
