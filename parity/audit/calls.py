@@ -267,9 +267,8 @@ def _grouped_batched_clean(check: CallCheck, req: GroupedGemmRequest, got: torch
             e1 -= 1
         rmax = max(counts[e0:e1])
         if rmax:
-            last = a.shape[0] - 1  # an empty expert's padding rows point at any real row (masked out)
-            rows = [[min(offsets[e] + min(t, max(counts[e] - 1, 0)), last) for t in range(rmax)]
-                    for e in range(e0, e1)]
+            last = a.shape[0] - 1  # padding rows point at any real row (masked out)
+            rows = [[min(offsets[e] + t, last) for t in range(rmax)] for e in range(e0, e1)]
             valid = torch.tensor([[t < counts[e] for t in range(rmax)] for e in range(e0, e1)], device=a.device)
             idx = torch.tensor(rows, device=a.device)
             alpha = req.alphas[e0:e1].to(a.device).reshape(-1, 1, 1)

@@ -194,16 +194,20 @@ def _bank_view(backend: Any, b: FP4Operand, experts: range, rows: range) -> torc
     return backend.grouped_gemm(GroupedGemmRequest(a, b, offsets, b.global_scale.to(torch.float32)))
 
 
-def _differs(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Whether any element differs (NaN equal to NaN), in one host read."""
+def _mismatch(got: torch.Tensor, want: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mask of differing elements, NaN equal to NaN; got and want as FP32)."""
     g, w = got.to(torch.float32), want.to(torch.float32)
-    return bool(((g != w) & ~(torch.isnan(g) & torch.isnan(w))).any())
+    return ~((g == w) | (torch.isnan(g) & torch.isnan(w))), g, w
+
+
+def _differs(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Whether any element differs, in one host read."""
+    return bool(_mismatch(got, want)[0].any())
 
 
 def _compare(got: torch.Tensor, want: torch.Tensor, k0: int) -> tuple[int, list[str]]:
-    g, w = got.to(torch.float32), want.to(torch.float32)
-    same = (g == w) | (torch.isnan(g) & torch.isnan(w))
-    bad = (~same).nonzero()
+    diff, g, w = _mismatch(got, want)
+    bad = diff.nonzero()
     ex = [f"W[{int(n)}, {int(k) + k0}]: expected {float(w[k, n]):.6g}, got {float(g[k, n]):.6g}"
           for k, n in bad[:MAX_EXAMPLES].tolist()]
     return int(bad.shape[0]), ex

@@ -307,12 +307,16 @@ class Sm90DecodeGemm:
     def _copy_row(self, dst, ws_dst, src, sc_row, uoff, sbytes, kb, bar, policy, use_hint: cutlass.Constexpr):
         """Bulk copy of one row's k-tile (``kb`` bytes from ``src``) + its 64-K scale words
         (4-byte cp.async of ``sbytes[u]`` bytes from ``sc_row + uoff[u]``, the rest zero-filled)."""
-        cfg = self.cfg
         if cutlass.const_expr(use_hint):
             dp.bulk_g2s_hint(dst, src, kb, bar, policy)
         else:
             dp.bulk_g2s(dst, src, kb, bar)
-        for u in cutlass.range_constexpr(cfg.groups):
+        self._copy_scales(ws_dst, sc_row, uoff, sbytes)
+
+    @cute.jit
+    def _copy_scales(self, ws_dst, sc_row, uoff, sbytes):
+        """One row's 64-K scale words of the k-tile: 4-byte cp.async (``sbytes[u]`` valid, rest zero)."""
+        for u in cutlass.range_constexpr(self.cfg.groups):
             ptx.cp_async_4(ws_dst + u * 4, sc_row + uoff[u], sbytes[u])
 
     @cute.jit
@@ -377,18 +381,15 @@ class Sm90DecodeGemm:
                 uoff.append(off)
             if cutlass.const_expr(cfg.copy16):
                 self._copy_rows16(base, b_base, row_bytes, koff, kb, bx, n, lane)
-                for j in cutlass.range_constexpr(cfg.rows // 32):
-                    if row_valid[j]:
-                        r = lane + 32 * j
-                        for u in cutlass.range_constexpr(cfg.groups):
-                            ptx.cp_async_4(base + cfg.ws_off + r * cfg.groups * 4 + u * 4, row_sc[j] + uoff[u],
-                                           sbytes[u])
-            else:
-                for j in cutlass.range_constexpr(cfg.rows // 32):
-                    r = lane + 32 * j
-                    if row_valid[j]:
-                        self._copy_row(base + r * cfg.pitch, base + cfg.ws_off + r * cfg.groups * 4,
-                                       row_src[j] + koff, row_sc[j], uoff, sbytes, kb, full, policy, True)
+            for j in cutlass.range_constexpr(cfg.rows // 32):
+                r = lane + 32 * j
+                if row_valid[j]:
+                    ws_dst = base + cfg.ws_off + r * cfg.groups * 4
+                    if cutlass.const_expr(cfg.copy16):  # the row's bytes went by _copy_rows16
+                        self._copy_scales(ws_dst, row_sc[j], uoff, sbytes)
+                    else:
+                        self._copy_row(base + r * cfg.pitch, ws_dst, row_src[j] + koff, row_sc[j], uoff, sbytes,
+                                       kb, full, policy, True)
             if lane < vtok:
                 self._copy_row(base + cfg.a_off + lane * cfg.pitch, base + cfg.as_off + lane * cfg.groups * 4,
                                tok_src + koff, tok_sc, uoff, sbytes, kb, full, policy, False)
