@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     # the one-bulk-copy-per-row form (the dense default before copy16) beside copy16
     be, dg, dg16 = Sm90Backend("cuda"), DecodeGemm("cuda", copy16=False), DecodeGemm("cuda", copy16=True)
+    # copy16 with the split-K sum's loads of one split issued together (DecodeConfig.reduce_ilp)
+    dg16r = DecodeGemm("cuda", copy16=True, reduce_ilp=True)
     cases = []
     for name, n, k, m in SHAPES:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -61,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
             w, wb = _fp4_weight(n, k), torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
             dg(GemmRequest(aq, w))  # compile / warm outside the region
             dg16(GemmRequest(aq, w))
+            dg16r(GemmRequest(aq, w))
             x @ wb.t()
             ops.append((lambda aq=aq, w=w: dg(GemmRequest(aq, w)), lambda aq=aq, w=w: dg16(GemmRequest(aq, w)),
-                        lambda x=x, wb=wb: x @ wb.t()))
+                        lambda aq=aq, w=w: dg16r(GemmRequest(aq, w)), lambda x=x, wb=wb: x @ wb.t()))
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStart()
         for fns in ops:
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize()
         torch.cuda.cudart().cudaProfilerStop()
         for (name, n, k, m, *_), _ in zip(cases, ops):
-            print(f"profiled: {name} M={m}: decode kernel, its copy16 variant, then cuBLAS BF16")
+            print(f"profiled: {name} M={m}: decode kernel, copy16, copy16+reduce_ilp, then cuBLAS BF16")
         return 0
     hbm = measure_hbm()
     tiny = torch.zeros(1, device="cuda")
@@ -83,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         ws = [_fp4_weight(n, k) for _ in range(copies_for(fp4_bytes(n, k)))]
         cold = graph_us([lambda w=w: dg(GemmRequest(aq, w)) for w in ws])
         cold16 = graph_us([lambda w=w: dg16(GemmRequest(aq, w)) for w in ws])
+        cold16r = graph_us([lambda w=w: dg16r(GemmRequest(aq, w)) for w in ws])
         same16 = bool(torch.equal(dg(GemmRequest(aq, ws[0])), dg16(GemmRequest(aq, ws[0]))))
+        same16r = bool(torch.equal(dg16(GemmRequest(aq, ws[0])), dg16r(GemmRequest(aq, ws[0]))))
         w0 = ws[0]
         warm = graph_us([lambda: dg(GemmRequest(aq, w0))])
         ws = w0 = None  # free the copies before the BF16 weight
@@ -93,12 +98,13 @@ def main(argv: list[str] | None = None) -> int:
         io = fp4_bytes(n, k)
         row = {"case": name, "m": m, "l2_defeated_us": cold, "l2_resident_us": warm, "empty_launch_us": floor,
                "copy16_l2_defeated_us": cold16, "copy16_bit_identical": same16,
+               "copy16_reduce_ilp_l2_defeated_us": cold16r, "reduce_ilp_bit_identical": same16r,
                "bf16_l2_resident_us": bf16_warm if 2 * n * k < 40 * 2**20 else None,
                "roofline_us": io / hbm["roofline"] * 1e6, "ctas": plan.ctas, "splits": plan.splits,
                "cfg": str(plan.cfg)}
         rows.append(row)
         print(f"{name} M={m}: L2-defeated {cold:.1f} us, L2-resident {warm:.1f} us, copy16 {cold16:.1f} us "
-              f"(bit-identical {same16}), BF16 L2-resident {bf16_warm:.1f} us, roofline {row['roofline_us']:.1f} us, "
+              f"(bit-identical {same16}), +reduce_ilp {cold16r:.1f} us (bit-identical {same16r}), BF16 L2-resident {bf16_warm:.1f} us, roofline {row['roofline_us']:.1f} us, "
               f"{plan.ctas} CTAs x {plan.splits} splits")
         torch.cuda.empty_cache()
     rows += grouped_rows(be, dg, dg16)

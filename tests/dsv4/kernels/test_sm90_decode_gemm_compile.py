@@ -35,6 +35,7 @@ VARIANTS = {
     "n16_rows256_s4": dict(ntok=16, rows=256, stages=4),
     "grouped_n16": dict(ntok=16, grouped=True),
     "n8_copy16": dict(ntok=8, copy16=True),
+    "n16_copy16_reduce_ilp": dict(ntok=16, copy16=True, reduce_ilp=True),
     "grouped_n16_bk128_s6_copy16_swiglu": dict(ntok=16, bk=128, stages=6, grouped=True, swiglu=True, copy16=True),
 }
 

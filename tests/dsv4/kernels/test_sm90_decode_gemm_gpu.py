@@ -170,7 +170,8 @@ def test_decode_gemm_swiglu(dg, m, nh, k):
                                      dict(stages=2), dict(max_splits=1), dict(rows=64), dict(rows=64, bk=128),
                                      dict(rows=256, ctas_per_sm=1), dict(rows=256, consumer_warps=8, ctas_per_sm=1),
                                      dict(max_splits=32, ctas_per_sm=3, stages=3), dict(copy16=False),
-                                     dict(copy16=True, bk=128, stages=6), dict(copy16=True, rows=256, ctas_per_sm=1)])
+                                     dict(copy16=True, bk=128, stages=6), dict(copy16=True, rows=256, ctas_per_sm=1),
+                                     dict(reduce_ilp=True), dict(reduce_ilp=True, max_splits=32, ctas_per_sm=3)])
 def test_decode_gemm_other_configs(plan_kw):
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
     from dsv4.kernels.cutedsl.sm90.decode_launch import DecodeGemm

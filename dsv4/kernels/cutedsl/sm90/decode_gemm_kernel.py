@@ -69,6 +69,9 @@ class DecodeConfig:
     # k-tile by bk/32 neighbouring lanes) instead of one 1-D bulk copy per row: a variant for the
     # question whether ~128-byte TMA requests limit the weight stream
     copy16: bool = False
+    # the last split CTA's sum with every element's load of one split in flight at once (splits
+    # outer, elements inner) instead of one L2 round trip per element and split; same order, same bits
+    reduce_ilp: bool = False
 
     @property
     def row_groups(self) -> int:
@@ -540,14 +543,30 @@ class Sm90DecodeGemm:
         last = misc[4] != 0
         if last:
             cute.arch.fence_acq_rel_gpu()
-            for i in cutlass.range_constexpr((tile_elems + T - 1) // T):
-                e = tid + i * T
-                if e < tile_elems:
-                    tot = Float32(0.0)
-                    for zz in cutlass.range(splits, unroll=4):  # fixed split order
-                        tot = tot + cute.arch.load(
-                            workspace + ((tile_id * splits + zz) * tile_elems + e), Float32, cop="cg")
-                    slab[(e // cfg.ntok) * ld + e % cfg.ntok] = tot
+            if cutlass.const_expr(cfg.reduce_ilp):
+                # splits outer, this thread's elements inner: every element's load of one split is
+                # in flight at once; each element still sums 0 + split 0 + split 1 + ... in order
+                n_el = (tile_elems + T - 1) // T
+                tots = cute.make_rmem_tensor((n_el,), Float32)
+                tots.fill(0.0)
+                for zz in cutlass.range(splits, unroll=2):  # fixed split order
+                    zbase = (tile_id * splits + zz) * tile_elems
+                    for i in cutlass.range_constexpr(n_el):
+                        e = cutlass.min(tid + i * T, tile_elems - 1)  # past the tile: a harmless re-read
+                        tots[i] = tots[i] + cute.arch.load(workspace + (zbase + e), Float32, cop="cg")
+                for i in cutlass.range_constexpr(n_el):
+                    e = tid + i * T
+                    if e < tile_elems:
+                        slab[(e // cfg.ntok) * ld + e % cfg.ntok] = tots[i]
+            else:
+                for i in cutlass.range_constexpr((tile_elems + T - 1) // T):
+                    e = tid + i * T
+                    if e < tile_elems:
+                        tot = Float32(0.0)
+                        for zz in cutlass.range(splits, unroll=4):  # fixed split order
+                            tot = tot + cute.arch.load(
+                                workspace + ((tile_id * splits + zz) * tile_elems + e), Float32, cop="cg")
+                        slab[(e // cfg.ntok) * ld + e % cfg.ntok] = tot
             cute.arch.sync_threads()
         return last
 

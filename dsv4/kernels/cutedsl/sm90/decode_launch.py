@@ -73,7 +73,7 @@ def _cdiv(a: int, b: int) -> int:
 def decode_plan(m: int, n: int, k: int, *, swiglu: bool, num_sms: int, bk: int = 256,
                 stages: int | None = None, consumer_warps: int = 4, ctas_per_sm: int = 2,
                 max_splits: int = MAX_SPLITS, rows: int = 128, num_experts: int = 0,
-                copy16: bool | None = None) -> DecodePlan:
+                copy16: bool | None = None, reduce_ilp: bool = False) -> DecodePlan:
     """Dense (``num_experts=0``: ``m`` tokens) or grouped (``m`` rows over ``num_experts`` experts of
     ``n`` rows each; token tiles are scheduled on the device, ``slots`` bounds their count without
     reading the offsets: sum_e ceil(m_e / t) <= m // t + min(E, m)).
@@ -94,7 +94,8 @@ def decode_plan(m: int, n: int, k: int, *, swiglu: bool, num_sms: int, bk: int =
     else:
         ntok = 8 if m <= 8 else 16
     cfg = DecodeConfig(ntok=ntok, bk=bk, stages=stages, consumer_warps=consumer_warps, swiglu=swiglu,
-                       rows=rows, grouped=grouped, copy16=copy16)
+                       rows=rows, grouped=grouped, copy16=copy16,
+                       reduce_ilp=reduce_ilp)
     n_cols = n // 2 if swiglu else n
     tiles = _cdiv(n_cols, cfg.col_tile)
     slots = m // ntok + min(num_experts, m) if grouped else 1
