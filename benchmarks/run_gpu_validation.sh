@@ -19,7 +19,7 @@
 #             DSV4_RW_BUDGET seconds, default 500; the JSON goes to $OUT, then
 #             benchmarks/real_width_table.py makes reports/real_width.md)
 #   shapes    benchmarks/bench_nvfp4_shapes.py: every Flash / Pro GEMM shape, M 1..4096, NVFP4 vs cuBLAS BF16
-#             (DSV4_SHAPES_MODELS, default flash,pro; one call)
+#             (DSV4_SHAPES_MODELS, default flash,pro; DSV4_SHAPES_BUDGET s, default 470; one call)
 #   kernel-profile: the sm_90a decode GEMM's own tests, its controlled variants
 #             (benchmarks/profile_sm90_decode_gemm.py) and Nsight Compute sections of its launches
 set -u
@@ -79,7 +79,7 @@ run_part() {
     if [ -n "${OUT:-}" ]; then cp "$RES/real_width_$model.json" "$OUT/" 2>/dev/null; fi ;;
   shapes)
     step nvfp4_shapes 590 python3 benchmarks/bench_nvfp4_shapes.py --models "${DSV4_SHAPES_MODELS:-flash,pro}" \
-        --budget-s 470 --json "$RES/bench_nvfp4_shapes.json"
+        --budget-s "${DSV4_SHAPES_BUDGET:-470}" --json "$RES/bench_nvfp4_shapes.json"
     if [ -n "${OUT:-}" ]; then cp "$RES/bench_nvfp4_shapes.json" "$OUT/" 2>/dev/null; fi ;;
   kernel-profile)
     step profile_decode_gemm 120 python3 benchmarks/profile_sm90_decode_gemm.py --json "$RES/profile_decode_gemm.json"
