@@ -335,3 +335,28 @@ def _grouped_req_args(counts, n, k, gen):
     a = _operand(m, k, gen)
     b = _operand(e * n, k, gen, groups=e)
     return a, b, _offsets(counts).cuda(), (a.global_scale * b.global_scale).float()
+
+
+# ----------------------------------------------------------------------------- the backend's routing
+@pytest.mark.parametrize("m,n,k,swiglu", [(1, 4096, 7168, False), (16, 6144, 7168, True), (4, 2048, 96, False),
+                                          (1, 1536, 7168, False), (17, 4096, 1056, False)])
+def test_backend_routes_decode_shapes(dg, m, n, k, swiglu):
+    """``Sm90Backend.gemm`` hands the shapes ``use_decode_kernel`` names to the decode kernel (same bits as
+    calling it directly) and the rest to the generic GEMM; either way within the accumulation bound."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
+    from dsv4.kernels.cutedsl.sm90 import Sm90Backend
+    from dsv4.kernels.cutedsl.sm90.decode_route import use_decode_kernel
+
+    gen = torch.Generator().manual_seed(m + n + k)
+    a, b = _operand(m, k, gen), _operand(n, k, gen)
+    limit = 7.0 if swiglu else None
+    be = Sm90Backend("cuda")
+    got = be.gemm(GemmRequest(a, b, swiglu_limit=limit))
+    routed = use_decode_kernel(m, n, k)
+    assert (be._decode is not None) == routed
+    if routed:
+        assert torch.equal(got, dg(GemmRequest(a, b, swiglu_limit=limit)))
+    if swiglu:
+        _check_swiglu(got, _deq(a), _deq(b), _alpha(a, b), k, limit, f"backend swiglu m{m} n{n}")
+    else:
+        _check_gemm(got, _deq(a), _deq(b), _alpha(a, b), k, f"backend m{m} n{n} k{k}")

@@ -8,6 +8,7 @@ from ..act_quant_host import ActQuantRunner
 from ..common import (KernelCache, LaunchResources, capturing, check_align, check_cuda, compile_executor,
                       compile_with_ptx, cu_stream, expect, fake_gmem_ptr, gmem_ptr, kernel_scales)
 from .configs import Launch, dense_launch, grouped_launch
+from .decode_route import use_decode_kernel
 from .gemm_kernel import GemmConfig, Sm90NvFp4Gemm
 
 ARCH = "sm_90a"
@@ -51,6 +52,7 @@ class Sm90Backend(LaunchResources):
         self.device = torch.device(device)
         self._gemms = KernelCache(scope=("sm90-gemm", str(self.device)))
         self._act = ActQuantRunner(ARCH)
+        self._decode = None  # DecodeGemm, built on the first decode-sized call
 
     # ------------------------------------------------------------------ helpers
     def _check_operand(self, op: FP4Operand, name: str, vec: int) -> None:
@@ -80,6 +82,13 @@ class Sm90Backend(LaunchResources):
         req.validate()
         a, b = req.a, req.b
         m, n, k = a.rows, b.rows, a.k
+        if use_decode_kernel(m, n, k):
+            from .decode_launch import DecodeGemm
+
+            if DecodeGemm.supports(req):  # else (unaligned packed data) the generic kernel
+                if self._decode is None:
+                    self._decode = DecodeGemm(self.device)
+                return self._decode(req)
         launch = dense_launch(m, n, k, swiglu=req.swiglu_limit is not None, num_sms=self._sms())
         self._check_operand(a, "a", launch.cfg.vec_bytes)
         self._check_operand(b, "b", launch.cfg.vec_bytes)

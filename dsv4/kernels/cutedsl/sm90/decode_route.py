@@ -1,0 +1,21 @@
+"""Which sm_90a kernel takes a dense GEMM of at most 16 tokens: the decode kernel (``DecodeGemm``) or the
+generic split-K GEMM. Pure Python, so the rule is unit-tested without a GPU.
+
+Measured on an H100 80GB HBM3, CUDA-graph replay, weights streamed from HBM, both kernels in one run
+(``benchmarks/results/h100_bench_sm90_decode_gemm_sweep_copy16.json``, 14 Pro decode shapes, M = 1 and 16):
+the decode kernel with ``copy16`` was faster at every shape with 3072 or more weight rows except one
+(expert w1 7168->3072 at M = 16: 26.4 vs 25.8 us), e.g. the LM head 187.6 vs 407.4 us and expert w2
+13.8 vs 20.5 us at M = 1; it was slower at wq_a's 1536 rows (17.5 vs 15.6 us at M = 1, 26.3 vs 19.9 at
+M = 16), where too few weight-row tiles leave most of the split-K grid to the reduction.
+Both kernels produced the same bits at all 14 shapes, and the audit judges each call either way.
+"""
+from __future__ import annotations
+
+MAX_DECODE_TOKENS = 16
+# the smallest weight-row count measured faster (3072) rounded down to the next power of two
+MIN_WEIGHT_ROWS = 2048
+
+
+def use_decode_kernel(m: int, n: int, k: int) -> bool:
+    """True for ``m`` tokens x a ``n`` x ``k`` weight where the decode kernel was measured faster."""
+    return 1 <= m <= MAX_DECODE_TOKENS and n >= MIN_WEIGHT_ROWS and k % 32 == 0
