@@ -11,7 +11,8 @@ Shapes: ``nvfp4_shapes.gemm_shapes`` (every GEMM of one layer of each kind and t
 real configs; identical shapes of a model timed once). M in {1, 4, 16, 64, 512, 4096} tokens; a routed
 expert GEMM gets M tokens each routed top-k over the model's experts (seeded random routing,
 ``bench_nvfp4_gemm._routing``), ``attn.wo_a`` every token in each of its ``o_groups`` groups. Paths:
-the shipped NVFP4 path (``Sm90Backend.gemm`` / ``.grouped_gemm``), for M <= 16 also ``DecodeGemm``
+the shipped NVFP4 path (``Sm90Backend.gemm`` / ``.grouped_gemm``; ``fp4_route`` says which kernel it took,
+and where that is the decode kernel the generic one is timed too, ``gen``), for M <= 16 also ``DecodeGemm``
 (``dg(req)`` / ``dg.grouped(req, check_values=False)``), and cuBLAS BF16 (``x @ w.t()``; grouped:
 ``bench_nvfp4_gemm._bf16_grouped``). Each path is timed twice: kernel-only ("graph": CUDA-graph replay,
 weights cycled over enough copies to leave the L2, ``bench_sm90_decode_gemm.graph_us``) and eager
@@ -185,9 +186,14 @@ def copies(per_active: int, active_min: int, bank: int) -> int:
     return max(1, min(copies_for(per_active * active_min), cap // max(bank, 1)))
 
 
-def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skipped: list[str]) -> list[dict]:
-    """Every M of one shape: the FP4 paths first (their weights freed), then the BF16 baseline."""
+def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skipped: list[str],
+              gen: Any = None) -> list[dict]:
+    """Every M of one shape: the FP4 paths first (their weights freed), then the BF16 baseline. ``gen``
+    (``Sm90Backend(decode_kernel=False)``) times the generic kernel wherever ``be`` routes the call to
+    the decode kernel (``decode_route``), so the rule is checked in the same run."""
     import torch
+
+    from dsv4.kernels.cutedsl.sm90.decode_route import use_decode_kernel, use_decode_kernel_grouped
 
     import bench_nvfp4_gemm as nb
     from dsv4.kernels.contract import ActQuantRequest, GemmRequest, GroupedGemmRequest
@@ -229,6 +235,9 @@ def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skip
                 if shape.grouped is None:
                     reqs = [GemmRequest(aq, w, swiglu_limit=limit) for w in ws]
                     measure(row, "fp4", [lambda q=q: be.gemm(q) for q in reqs])
+                    row["fp4_route"] = "decode" if use_decode_kernel(r, shape.n, shape.k) else "generic"
+                    if gen is not None and row["fp4_route"] == "decode":
+                        measure(row, "gen", [lambda q=q: gen.gemm(q) for q in reqs])
                     if dec:
                         measure(row, "dec", [lambda q=q: dg(q) for q in reqs])
                 else:
@@ -239,6 +248,9 @@ def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skip
                     measure(row, "fp4", [lambda q=q: be.grouped_gemm(q, check_values=False) for q in reqs])
                     measure(row, "fp4_checked", [lambda q=q: be.grouped_gemm(q) for q in reqs], graph=False)
                     row["fp4_eager_checked_us"] = row.pop("fp4_checked_eager_us")
+                    row["fp4_route"] = "decode" if use_decode_kernel_grouped(r, E, shape.n, shape.k) else "generic"
+                    if gen is not None and row["fp4_route"] == "decode":
+                        measure(row, "gen", [lambda q=q: gen.grouped_gemm(q, check_values=False) for q in reqs])
                     if dec:
                         measure(row, "dec", [lambda q=q: dg.grouped(q, check_values=False) for q in reqs])
             except Exception as e:
@@ -312,7 +324,7 @@ def render(rows: list[dict], hbm: dict, console: Any) -> None:
 
     t = Table(title=f"NVFP4 GEMMs at every Flash/Pro shape, {rows[0]['device'] if rows else ''} "
                     f"(us: kernel-only graph / eager; roofline at {hbm['roofline'] / 1e9:.0f} GB/s)")
-    for c in ("model", "shape", "n x k", "M", "fp4 us", "decode us", "bf16 us", "x bf16 fp4/dec",
+    for c in ("model", "shape", "n x k", "M", "fp4 us", "decode us", "generic us", "bf16 us", "x bf16 fp4/dec",
               "% roof fp4/dec", "target fp4/dec", "errors"):
         t.add_column(c, justify="left" if c in ("model", "shape", "errors") else "right")
     for r in rows:
@@ -320,12 +332,18 @@ def render(rows: list[dict], hbm: dict, console: Any) -> None:
         extra = (f" ({g[0]}e top-{g[1]}, {r['active']} active)" if g and g[1] else
                  f" ({g[0]} groups)" if g else "") + (" swiglu" if r["swiglu"] else "")
         t.add_row(r["model"], escape(r["shape"] + extra), f"{r['n']}x{r['k']}", str(r["m"]), _us(r, "fp4"), _us(r, "dec"),
-                  _us(r, "bf16"), _pair(r, "x_bf16", "{:.2f}x"), _pair(r, "roof", "{:.0%}"), _met(r),
+                  _us(r, "gen"), _us(r, "bf16"), _pair(r, "x_bf16", "{:.2f}x"), _pair(r, "roof", "{:.0%}"), _met(r),
                   str(len(r["errors"])) if r["errors"] else "")
     console.print(t)
     for p, label in (("fp4", "shipped Sm90Backend"), ("dec", "DecodeGemm")):
         judged = [r for r in rows if r.get(f"{p}_met") is not None]
         log(f"{label}: targets met in {sum(bool(r[f'{p}_met']) for r in judged)} of {len(judged)} rows")
+    routed = [r for r in rows if r.get("fp4_route") == "decode" and not math.isnan(r.get("gen_graph_us", math.nan))]
+    faster = [r for r in routed if r["fp4_graph_us"] < r["gen_graph_us"]]
+    log(f"routed to the decode kernel: faster than the generic kernel (kernel-only) in {len(faster)} of "
+        f"{len(routed)} rows; slower: " + ", ".join(f"{r['model']} {r['shape']} M={r['m']} "
+                                                  f"{r['fp4_graph_us']:.1f} vs {r['gen_graph_us']:.1f} us"
+                                                  for r in routed if r not in faster))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -346,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     deadline = t0 + args.budget_s
     torch.manual_seed(0)
-    be, dg = Sm90Backend("cuda"), DecodeGemm("cuda")
+    be, dg, gen = Sm90Backend("cuda"), DecodeGemm("cuda"), Sm90Backend("cuda", decode_kernel=False)
     device = torch.cuda.get_device_name()
     hbm = measure_hbm()
     log(f"{device}: HBM read {hbm['read_reduce'] / 1e9:.0f} GB/s, copy {hbm['d2d_copy'] / 1e9:.0f} GB/s")
@@ -367,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     for phase in ([m for m in args.m_list if m <= DECODE_MAX], [m for m in args.m_list if m > DECODE_MAX]):
         for s in shapes if phase else []:
             try:
-                new = run_shape(be, dg, s, phase, deadline, skipped)
+                new = run_shape(be, dg, s, phase, deadline, skipped, gen)
             except Exception as e:  # never end the run on one shape
                 new = [{"model": s.model, "shape": s.name, "m": m, "errors": [f"{type(e).__name__}: {e}"[:300]]}
                        for m in phase]
@@ -378,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(r)
                 if r.get("skipped"):
                     continue
-                log(f"{s.model} {s.name} M={r['m']}: fp4 {_us(r, 'fp4')} us, decode {_us(r, 'dec')} us, "
+                log(f"{s.model} {s.name} M={r['m']}: fp4 {_us(r, 'fp4')} us ({r.get('fp4_route')}), decode "
+                    f"{_us(r, 'dec')} us, generic {_us(r, 'gen')} us, "
                     f"bf16 {_us(r, 'bf16')} us, x bf16 {_pair(r, 'x_bf16', '{:.2f}')}, roof {_pair(r, 'roof', '{:.0%}')}"
                     f"{'  errors: ' + '; '.join(r['errors'])[:300] if r['errors'] else ''} [{time.time() - t0:.0f} s]")
             dump()

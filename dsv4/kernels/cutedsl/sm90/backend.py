@@ -8,7 +8,7 @@ from ..act_quant_host import ActQuantRunner
 from ..common import (KernelCache, LaunchResources, capturing, check_align, check_cuda, compile_executor,
                       compile_with_ptx, cu_stream, expect, fake_gmem_ptr, gmem_ptr, kernel_scales)
 from .configs import Launch, dense_launch, grouped_launch
-from .decode_route import use_decode_kernel
+from .decode_route import use_decode_kernel, use_decode_kernel_grouped
 from .gemm_kernel import GemmConfig, Sm90NvFp4Gemm
 
 ARCH = "sm_90a"
@@ -48,11 +48,14 @@ class Sm90Backend(LaunchResources):
 
     name = "cutedsl_sm90"
 
-    def __init__(self, device: torch.device | str = "cuda"):
+    def __init__(self, device: torch.device | str = "cuda", *, decode_kernel: bool = True):
+        """``decode_kernel=False``: every GEMM through the generic kernel (``decode_route`` decides
+        otherwise; the benches time both)."""
         self.device = torch.device(device)
+        self.decode_kernel = decode_kernel
         self._gemms = KernelCache(scope=("sm90-gemm", str(self.device)))
         self._act = ActQuantRunner(ARCH)
-        self._decode = None  # DecodeGemm, built on the first decode-sized call
+        self._decode_gemm = None  # DecodeGemm, built on the first decode-sized call
 
     # ------------------------------------------------------------------ helpers
     def _check_operand(self, op: FP4Operand, name: str, vec: int) -> None:
@@ -77,18 +80,22 @@ class Sm90Backend(LaunchResources):
         exe(*ptrs, m, n, k, e, launch.grid_x, launch.grid_y, launch.splits,
             float(limit) if limit is not None else 0.0, cu_stream(dev))
 
+    def _decoder(self):
+        if self._decode_gemm is None:
+            from .decode_launch import DecodeGemm
+
+            self._decode_gemm = DecodeGemm(self.device)
+        return self._decode_gemm
+
     # ------------------------------------------------------------------ contract methods
     def gemm(self, req: GemmRequest) -> torch.Tensor:
         req.validate()
         a, b = req.a, req.b
         m, n, k = a.rows, b.rows, a.k
-        if use_decode_kernel(m, n, k):
-            from .decode_launch import DecodeGemm
-
-            if DecodeGemm.supports(req):  # else (unaligned packed data) the generic kernel
-                if self._decode is None:
-                    self._decode = DecodeGemm(self.device)
-                return self._decode(req)
+        if self.decode_kernel and use_decode_kernel(m, n, k):
+            dg = self._decoder()
+            if dg.supports(req):  # else (unaligned packed data) the generic kernel
+                return dg(req)
         launch = dense_launch(m, n, k, swiglu=req.swiglu_limit is not None, num_sms=self._sms())
         self._check_operand(a, "a", launch.cfg.vec_bytes)
         self._check_operand(b, "b", launch.cfg.vec_bytes)
@@ -105,6 +112,10 @@ class Sm90Backend(LaunchResources):
         req.validate(check_values=check_values and not capturing())
         a, b = req.a, req.b
         e, n, k, m = req.num_experts, req.n_per_expert, a.k, a.rows
+        if self.decode_kernel and use_decode_kernel_grouped(m, e, n, k):
+            dg = self._decoder()
+            if dg.supports_grouped(req):
+                return dg.grouped(req, check_values=False)  # validated above
         launch = grouped_launch(m, e, n, k, swiglu=req.swiglu_limit is not None, num_sms=self._sms())
         self._check_operand(a, "a", launch.cfg.vec_bytes)
         self._check_operand(b, "b", launch.cfg.vec_bytes)
