@@ -231,56 +231,93 @@ def audit_grouped(req: GroupedGemmRequest, got: torch.Tensor) -> CallCheck:
                   torch.zeros(1), torch.ones(1, dtype=torch.bool), torch.full((1,), float("inf")))
         return check
     a = _dequant(req.a)
-    n = req.n_per_expert
-    b_all, b_abs = _weight(req.b, groups=req.num_experts)
+    bank = _Bank(req.b, req.num_experts, req.n_per_expert)
     offsets = req.offsets.to("cpu").tolist()
-    if _grouped_batched_clean(check, req, got, a, b_all, b_abs, offsets):
+    if _grouped_batched_clean(check, req, got, a, bank, offsets):
         return check
     for e in range(req.num_experts):
         lo, hi = offsets[e], offsets[e + 1]
         if lo == hi:
             continue
-        out, bound = _gemm_expected(a[lo:hi], (b_all[e * n:(e + 1) * n], b_abs[e * n:(e + 1) * n]), req.alphas[e], req.a.k, req.swiglu_limit)
+        w, wa = bank.take([e])
+        out, bound = _gemm_expected(a[lo:hi], (w[0], wa[0]), req.alphas[e], req.a.k, req.swiglu_limit)
         _compare(check, [f"out(expert {e}, rows {lo}..{hi - 1})", "m=", "n="], out, got[lo:hi], bound)
     return check
 
 
 BATCH_ELEMENTS = 2**27  # FP32 elements of a batched replay's weights or padded rows (512 MiB each)
+# FP32 elements of a whole decoded bank kept across calls (8 GiB, and as much again for |b|): a Flash
+# routed bank (256 x 4096 x 4096, 4.3e9) fits; a Pro one (384 x 6144 x 7168, 1.7e10: 63 GiB) does not
+# and is decoded per expert, on demand, for the experts a call routes rows to
+BANK_CACHE_ELEMENTS = 2**31
+
+
+class _Bank:
+    """The oracle's decode of a grouped call's weights, by expert: views of the whole decoded bank
+    (cached while the operand lives, ``_weight``) where it holds at most ``BANK_CACHE_ELEMENTS``, else
+    the requested experts decoded from their own rows and scales (the same values: decoding is
+    elementwise), nothing kept."""
+
+    def __init__(self, op: FP4Operand, experts: int, n: int):
+        self.op, self.experts, self.n, self.k = op, experts, n, op.k
+        self.whole = experts * n * op.k <= BANK_CACHE_ELEMENTS
+        if self.whole:
+            b, b_abs = _weight(op, groups=experts)
+            self.w3, self.wa3 = b.reshape(experts, n, op.k), b_abs.reshape(experts, n, op.k)
+
+    def take(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``([len(ids), n, K], |.|)`` for experts ``ids`` (ascending)."""
+        if self.whole:
+            if ids == list(range(ids[0], ids[-1] + 1)):
+                return self.w3[ids[0]:ids[-1] + 1], self.wa3[ids[0]:ids[-1] + 1]
+            idx = torch.tensor(ids, device=self.w3.device)
+            return self.w3[idx], self.wa3[idx]
+        w = torch.stack([self._expert(e) for e in ids])
+        return w, w.abs()
+
+    def _expert(self, e: int) -> torch.Tensor:
+        op, n, sc = self.op, self.n, self.k // 16
+        packed = op.packed[e * n:(e + 1) * n]
+        if op.scale_layout == "linear":
+            scales = op.scales[e * n:(e + 1) * n]
+        else:
+            per = swizzled_numel(n, sc)
+            scales = unswizzle_scales(op.scales[e * per:(e + 1) * per], n, sc)
+        return nvfp4_dequantize(packed, scales, 1.0)
 
 
 def _grouped_batched_clean(check: CallCheck, req: GroupedGemmRequest, got: torch.Tensor, a: torch.Tensor,
-                           b_all: torch.Tensor, b_abs: torch.Tensor, offsets: list[int]) -> bool:
-    """The per-expert judgement of ``audit_grouped`` in a few batched replays: consecutive experts
-    (views of the decoded bank) with their rows padded to the batch's largest count, one host read
-    per batch instead of one per expert. The same oracle values and bounds, elementwise; True (and
+                           bank: _Bank, offsets: list[int]) -> bool:
+    """The per-expert judgement of ``audit_grouped`` in a few batched replays: the experts that hold
+    rows, in order, batched with their rows padded to the batch's largest count, one host read per
+    batch instead of one per expert. The same oracle values and bounds, elementwise; True (and
     recorded as the per-expert judgement records a clean call) when every element is clean, else
     nothing is recorded and the per-expert judgement runs, so a finding reads as it always did."""
     e_all, n, k = req.num_experts, req.n_per_expert, req.a.k
     counts = [offsets[e + 1] - offsets[e] for e in range(e_all)]
+    touched = [e for e in range(e_all) if counts[e]]
     per = max(1, BATCH_ELEMENTS // max(n * k, 1))
-    w3, wa3 = b_all.reshape(e_all, n, k), b_abs.reshape(e_all, n, k)
     got32 = got.to(a.device, torch.float32)
-    elements, worst, e0 = 0, 0.0, 0
-    while e0 < e_all:
-        e1 = min(e_all, e0 + per)
-        while e1 - e0 > 1 and (e1 - e0) * max(counts[e0:e1]) * k > BATCH_ELEMENTS:
-            e1 -= 1
-        rmax = max(counts[e0:e1])
-        if rmax:
-            last = a.shape[0] - 1  # padding rows point at any real row (masked out)
-            rows = [[min(offsets[e] + t, last) for t in range(rmax)] for e in range(e0, e1)]
-            valid = torch.tensor([[t < counts[e] for t in range(rmax)] for e in range(e0, e1)], device=a.device)
-            idx = torch.tensor(rows, device=a.device)
-            alpha = req.alphas[e0:e1].to(a.device).reshape(-1, 1, 1)
-            out, bound = _gemm_expected(a[idx], (w3[e0:e1], wa3[e0:e1]), alpha, k, req.swiglu_limit)
-            e, b = out[valid], bound[valid].to(torch.float32)
-            g = got32[idx][valid]
-            err = (g - e).abs()
-            w = _clean_worst(e, g, b, err)
-            if w is None:
-                return False
-            elements, worst = elements + err.numel(), max(worst, w)
-        e0 = e1
+    elements, worst, i0 = 0, 0.0, 0
+    while i0 < len(touched):
+        i1 = min(len(touched), i0 + per)
+        while i1 - i0 > 1 and (i1 - i0) * max(counts[e] for e in touched[i0:i1]) * k > BATCH_ELEMENTS:
+            i1 -= 1
+        ids = touched[i0:i1]
+        rmax = max(counts[e] for e in ids)
+        rows = [[offsets[e] + min(t, counts[e] - 1) for t in range(rmax)] for e in ids]  # padding: a real row
+        valid = torch.tensor([[t < counts[e] for t in range(rmax)] for e in ids], device=a.device)
+        idx = torch.tensor(rows, device=a.device)
+        alpha = req.alphas[torch.tensor(ids, device=req.alphas.device)].to(a.device).reshape(-1, 1, 1)
+        out, bound = _gemm_expected(a[idx], bank.take(ids), alpha, k, req.swiglu_limit)
+        e, b = out[valid], bound[valid].to(torch.float32)
+        g = got32[idx][valid]
+        err = (g - e).abs()
+        w = _clean_worst(e, g, b, err)
+        if w is None:
+            return False
+        elements, worst = elements + err.numel(), max(worst, w)
+        i0 = i1
     check.add_clean(elements, worst)
     return True
 

@@ -251,3 +251,36 @@ def test_the_one_read_path_records_a_clean_comparison_as_the_full_judgement_does
     check = calls.CallCheck("gemm")
     calls._compare(check, ["out"], torch.zeros(1), err, bound)
     assert check.violations == 1
+
+
+@pytest.mark.parametrize("layout", ["linear", "swizzled"])
+def test_grouped_bank_decoded_per_expert_judges_as_the_whole_bank(monkeypatch, layout: str) -> None:
+    """A bank too big to decode whole (Pro's 384 x 6144 x 7168 is 63 GiB in FP32) is decoded per routed
+    expert: the same records, clean and faulty, as the whole decoded bank, in both scale layouts."""
+    import parity.audit.calls as calls
+    from dsv4.numerics import swizzle_scales
+
+    _, a = _act(14, 128, 8)
+    e, n = 5, 32
+    w = _weight(e * n, 128, 9)
+    scales = w.scales
+    if layout == "swizzled":
+        scales = torch.cat([swizzle_scales(w.scales[i * n:(i + 1) * n]) for i in range(e)])
+    b = FP4Operand(w.packed, scales, w.global_scale.repeat(e).contiguous() * torch.tensor([1.0, 0.5, 2.0, 1.0, 4.0]),
+                   k=128, scale_layout=layout)
+    offsets = torch.tensor([0, 0, 6, 7, 14, 14], dtype=torch.int32)
+    req = GroupedGemmRequest(a, b, offsets, a.global_scale * b.global_scale, 2.0)
+    got = BE.grouped_gemm(req)
+    bad = got.clone()
+    bad[6] = bad[6] * 1.5     # expert 2's only row
+    whole = [audit_grouped(req, g) for g in (got, bad)]
+    monkeypatch.setattr(calls, "BANK_CACHE_ELEMENTS", 0)
+    monkeypatch.setattr(calls, "_weight", lambda *a, **k: pytest.fail("the whole bank was decoded"))
+    for batch in (1, 2**27):
+        monkeypatch.setattr(calls, "BATCH_ELEMENTS", batch)
+        per = [audit_grouped(req, g) for g in (got, bad)]
+        assert per[0].violations == whole[0].violations == 0 and per[0].elements == whole[0].elements == 14 * n // 2
+        assert per[0].worst_ratio == pytest.approx(whole[0].worst_ratio, rel=1e-6)
+        assert per[1].violations == whole[1].violations > 0
+        assert [x.where for x in per[1].examples] == [x.where for x in whole[1].examples]
+        assert per[1].examples[0].where.startswith("out(expert 2, rows 6..6)")
