@@ -87,9 +87,12 @@ def _float_records(w: Where, name: str, a: torch.Tensor, b: torch.Tensor, s: Com
 def compare_probes(anchor: Mapping[str, torch.Tensor], test: Mapping[str, torch.Tensor], *, where: Where,
                    config: DSV4Config, ids: torch.Tensor, router_bias: RouterBias | None = None,
                    settings: CompareSettings = CompareSettings(),
-                   only: Callable[[str], bool] | None = None) -> tuple[list[dict], PositionStats | None]:
+                   only: Callable[[str], bool] | None = None,
+                   device: str | torch.device | None = None) -> tuple[list[dict], PositionStats | None]:
     """Records for every probe the anchor emitted (in its emission order), and the logits position
     statistics (None when ``logits`` is not compared). ``only`` restricts the compared probe names.
+    ``device``: where the run's models ran; on a GPU the logits statistics are computed there (the
+    probes come back on the host, and the float64 softmax over a real vocabulary took seconds a prompt).
 
     Isolated mode also writes ``cosine_untied`` / ``rel_diff_untied`` for every token-row float probe:
     the metrics without the tokens whose indexer or router selection flipped *at a near tie* earlier
@@ -148,7 +151,7 @@ def compare_probes(anchor: Mapping[str, torch.Tensor], test: Mapping[str, torch.
             records.append(where.rec(name, "tie_flip_tokens", float(tie_rows[layer].sum())))
         if name == "logits":
             stats = position_stats(a, b, teacher_forced_targets(ids), topk=settings.topk,
-                                   near_tie=settings.near_tie)
+                                   near_tie=settings.near_tie, device=device)
             last = stats.n - 1
             records += [where.rec(name, m, v, last) for m, v in at_position(stats, last).items()]
     return records, stats

@@ -57,15 +57,19 @@ POSITION_CHUNK_ELEMENTS = 1 << 25   # float64 logits a chunk of positions holds 
 
 
 def position_stats(ref_logits: torch.Tensor, test_logits: torch.Tensor, targets: torch.Tensor | None = None,
-                   *, topk: int = DEFAULT_TOPK, near_tie: float = DEFAULT_NEAR_TIE) -> PositionStats:
+                   *, topk: int = DEFAULT_TOPK, near_tie: float = DEFAULT_NEAR_TIE,
+                   device: str | torch.device | None = None) -> PositionStats:
     """``ref_logits``, ``test_logits``: [P, V]; ``targets``: [P] token ids, -1 (or None) = use the
-    reference argmax (no real next token there). Computed in float64 on the GPU when either side is on
-    one (at a real vocab the host's float64 softmax and top-k took seconds a prompt), in chunks of
-    positions (every statistic is per position); the result is on the CPU."""
+    reference argmax (no real next token there). Computed in float64 on ``device`` when it is a GPU,
+    else on the GPU either side is on, else on the host (at a real vocab the host's float64 softmax and
+    top-k took seconds a prompt), in chunks of positions (every statistic is per position); the result
+    is on the CPU."""
     if ref_logits.shape != test_logits.shape or ref_logits.dim() != 2:
         raise ValueError(f"logits: expected two [P, V] tensors of one shape, found {tuple(ref_logits.shape)} "
                          f"and {tuple(test_logits.shape)}")
-    dev = next((t.device for t in (test_logits, ref_logits) if t.device.type == "cuda"), torch.device("cpu"))
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type != "cuda":
+        dev = next((t.device for t in (test_logits, ref_logits) if t.device.type == "cuda"), torch.device("cpu"))
     if targets is None:
         targets = torch.full((ref_logits.shape[0],), -1, dtype=torch.int64)
     targets = targets.to("cpu", torch.int64)

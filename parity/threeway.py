@@ -239,7 +239,8 @@ class _Runner:
             for mode in spec.modes:
                 where = Where(ctx, name, mode, p.id, p.mode)
                 recs, st = compare_probes(anchor.probes, tests[mode], where=where, config=spec.source.config,
-                                          ids=ids, router_bias=spec.source.router_bias, settings=spec.settings)
+                                          ids=ids, router_bias=spec.source.router_bias, settings=spec.settings,
+                                          device=spec.device)
                 self.records += recs
                 if st is not None:
                     stats[mode].append((n, st))

@@ -104,3 +104,5 @@ def test_position_stats_on_the_gpu_match_the_host() -> None:
     g = torch.Generator().manual_seed(6)
     ref, test = torch.randn(64, 4096, generator=g) * 4, torch.randn(64, 4096, generator=g) * 4
     _stats_equal(position_stats(ref.cuda(), test, None), position_stats(ref, test, None), tol=1e-12)
+    # host tensors, computed on the run's GPU (the harness's probes come back on the host)
+    _stats_equal(position_stats(ref, test, None, device="cuda"), position_stats(ref, test, None), tol=1e-12)
