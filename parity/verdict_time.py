@@ -92,14 +92,21 @@ def fmt_seconds(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
-def pick_table(tables: Sequence[dict[str, Any]], card: str) -> tuple[dict[str, Any] | None, list[str]]:
-    same = [t for t in tables if t["machine"]["card"] == card]
+def pick_table(tables: Sequence[dict[str, Any]], card: str,
+               model: str | None = None) -> tuple[dict[str, Any] | None, list[str]]:
+    """The table measured on ``card`` (of ``model``, the config's name, where one is: its own layer
+    shapes need no parameter scaling), else the closest card's, of ``model`` first."""
+    def own(ts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [t for t in ts if model is not None and t.get("model") == model] or list(ts)
+
+    same = own([t for t in tables if t["machine"]["card"] == card])
     if same:
         return same[-1], []
     fam = card_family(card)
     gpu = fam != "cpu"
     ranked = sorted(tables, key=lambda t: ((card_family(t["machine"]["card"]) != "cpu") == gpu,
-                                           card_family(t["machine"]["card"]) == fam, t.get("wall_s", 0)))
+                                           card_family(t["machine"]["card"]) == fam,
+                                           model is not None and t.get("model") == model, t.get("wall_s", 0)))
     if not ranked:
         return None, []
     t = ranked[-1]
@@ -146,7 +153,7 @@ def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: s
     """The forwards a first-token run performs for prompts of ``tokens`` tokens, from a measured table."""
     card = card or this_card()
     tables = load_tables() if tables is None else tables
-    table, notes = pick_table(tables, card)
+    table, notes = pick_table(tables, card, getattr(config, "name", None))
     if table is None:
         return None
     scale, assumptions = 1.0, list(notes)

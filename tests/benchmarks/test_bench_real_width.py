@@ -143,3 +143,19 @@ def test_table_script_writes_measured_and_extrapolated_markdown(results, tmp_pat
     for row in ("| flash | 1x H100 (streamed) |", "| pro | 8x B200 (torchrun, prompts over 8 ranks) |"):
         assert row in text
     assert "no measured table for this machine (NVIDIA B200)" in text
+
+
+def test_pick_table_prefers_the_models_own_table() -> None:
+    """With Flash and Pro tables from one card, each model is estimated from its own shapes (no
+    parameter scaling); another card takes the same model's table too."""
+    from parity.verdict_time import pick_table
+
+    card = "NVIDIA H100 80GB HBM3"
+    flash = {"model": "flash", "machine": {"card": card}, "wall_s": 200, "_file": "f.json"}
+    pro = {"model": "pro", "machine": {"card": card}, "wall_s": 300, "_file": "p.json"}
+    for order in ([flash, pro], [pro, flash]):
+        assert pick_table(order, card, "flash") == (flash, [])
+        assert pick_table(order, card, "pro") == (pro, [])
+        t, notes = pick_table(order, "NVIDIA H200", "flash")
+        assert t is flash and "scaled from NVIDIA H100 80GB HBM3 (f.json)" in notes[0]
+    assert pick_table([flash, pro], card, "tiny")[0] is pro     # no table of the model: the last listed
