@@ -366,13 +366,13 @@ def test_backend_routes_decode_shapes(dg, m, n, k, swiglu):
 
 
 def test_backend_routes_decode_sized_grouped_calls():
-    """``Sm90Backend.grouped_gemm``: decode-sized routing goes to the decode kernel, within the bound;
-    prefill-sized routing (70 rows over 3 groups) stays on the generic kernel."""
+    """``Sm90Backend.grouped_gemm``: sparse routing (at most a row per expert on average) goes to the
+    decode kernel, within the bound; 70 rows over 3 groups stay on the generic kernel."""
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
     from dsv4.kernels.cutedsl.sm90 import Sm90Backend
 
     gen = torch.Generator().manual_seed(5)
-    counts, n, k = [2, 0, 3, 1, 0, 9, 16, 1], 256, 1056
+    counts, n, k = [2, 0, 3, 1, 0, 9, 16, 1] + [0] * 32, 256, 1056   # 32 rows over 40 experts: sparse
     be = Sm90Backend("cuda")
     got, a, b, alphas = _grouped(SimpleNamespace(grouped=be.grouped_gemm), counts, n, k, gen)
     assert be._decode_gemm is not None

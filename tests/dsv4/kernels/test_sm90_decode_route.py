@@ -18,13 +18,13 @@ def test_generic_kernel_keeps_the_rest():
     assert not use_decode_kernel(1, 4096, 7176)  # K not a multiple of 32: rows not 16-byte aligned
 
 
-def test_grouped_rule_takes_decode_routing_and_leaves_prefill():
+def test_grouped_rule_takes_sparse_routing_and_leaves_the_rest():
     from dsv4.kernels.cutedsl.sm90.decode_route import use_decode_kernel_grouped
 
     assert use_decode_kernel_grouped(6, 384, 6144, 7168)          # 1 token, top-6 of 384
     assert use_decode_kernel_grouped(96, 384, 7168, 3072)         # 16 tokens
-    assert use_decode_kernel_grouped(16 * 8, 8, 1024, 4096)       # wo_a: 16 tokens in each of 8 groups
-    assert not use_decode_kernel_grouped(17 * 8, 8, 1024, 4096)   # 17 rows a group
-    assert not use_decode_kernel_grouped(4096 * 6, 384, 6144, 7168)  # prefill: 64 rows an expert
+    assert use_decode_kernel_grouped(384, 384, 6144, 7168)        # 64 tokens: one row an expert on average
+    assert not use_decode_kernel_grouped(16 * 8, 8, 1024, 4096)   # wo_a: 16 tokens in each of 8 groups
+    assert not use_decode_kernel_grouped(512 * 6, 384, 6144, 7168)  # 512 tokens: 8 rows an expert
     assert not use_decode_kernel_grouped(0, 384, 6144, 7168)
     assert not use_decode_kernel_grouped(6, 384, 6144, 7176)

@@ -22,9 +22,11 @@ def use_decode_kernel(m: int, n: int, k: int) -> bool:
 
 
 def use_decode_kernel_grouped(rows: int, experts: int, n: int, k: int) -> bool:
-    """True for a grouped GEMM of ``rows`` rows over ``experts`` groups at decode sizes: at most 16 rows
-    per group on average over the groups that can hold rows (``DecodeGemm.supports_grouped``'s bound).
-    Measured on an H100 with the copy16 form (``h100_profile_sm90_decode_gemm.json``): Pro's routed
-    experts at 6-of-384 took 101 us (w13+SwiGLU, 1 token) and 46 us (w2), against 143 and 74 us for the
-    generic grouped GEMM in the shapes bench of the same session."""
-    return rows >= 1 and k % 32 == 0 and rows <= MAX_DECODE_TOKENS * min(max(experts, 1), rows)
+    """True for a grouped GEMM of ``rows`` rows over ``experts`` groups routed sparsely: at most one row
+    per group on average, the regime measured. On an H100 (``h100_profile_sm90_decode_gemm_s5.json``
+    beside ``h100_bench_nvfp4_shapes.json``, one session, one card) Pro's routed experts at 6-of-384
+    with the decode kernel's copy16 form took, against the generic grouped GEMM: w13+SwiGLU 101 vs 143 us
+    at 1 token (6 rows) and 802 vs 1587 us at 16 tokens (96 rows); w2 46 vs 74 and 401 vs 826 us.
+    Denser grouped calls (``attn.wo_a``: every token in each of 8 or 16 groups) were not timed with
+    copy16 and keep the generic kernel."""
+    return 1 <= rows <= max(experts, 0) and k % 32 == 0
