@@ -365,17 +365,19 @@ def test_backend_routes_decode_shapes(dg, m, n, k, swiglu):
         _check_gemm(got, _deq(a), _deq(b), _alpha(a, b), k, f"backend m{m} n{n} k{k}")
 
 
-def test_backend_routes_decode_sized_grouped_calls():
+@pytest.mark.parametrize("in_force", [False, True])
+def test_backend_routes_decode_sized_grouped_calls(monkeypatch, in_force):
     """``Sm90Backend.grouped_gemm``: sparse routing (at most a row per expert on average) goes to the
     decode kernel, within the bound; 70 rows over 3 groups stay on the generic kernel."""
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
-    from dsv4.kernels.cutedsl.sm90 import Sm90Backend
+    from dsv4.kernels.cutedsl.sm90 import Sm90Backend, decode_route
 
+    monkeypatch.setattr(decode_route, "GROUPED_ROUTE", in_force)
     gen = torch.Generator().manual_seed(5)
     counts, n, k = [2, 0, 3, 1, 0, 9, 16, 1] + [0] * 32, 256, 1056   # 32 rows over 40 experts: sparse
     be = Sm90Backend("cuda")
     got, a, b, alphas = _grouped(SimpleNamespace(grouped=be.grouped_gemm), counts, n, k, gen)
-    assert be._decode_gemm is not None
+    assert (be._decode_gemm is not None) == decode_route.GROUPED_ROUTE
     offs, ad = _offsets(counts).tolist(), _deq(a)
     for e in range(len(counts)):
         lo, hi = offs[e], offs[e + 1]

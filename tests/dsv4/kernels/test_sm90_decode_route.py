@@ -18,8 +18,12 @@ def test_generic_kernel_keeps_the_rest():
     assert not use_decode_kernel(1, 4096, 7176)  # K not a multiple of 32: rows not 16-byte aligned
 
 
-def test_grouped_rule_takes_sparse_routing_and_leaves_the_rest():
+def test_grouped_rule_takes_sparse_routing_and_leaves_the_rest(monkeypatch):
+    from dsv4.kernels.cutedsl.sm90 import decode_route
     from dsv4.kernels.cutedsl.sm90.decode_route import use_decode_kernel_grouped
+
+    assert not use_decode_kernel_grouped(6, 384, 6144, 7168)      # not in force yet
+    monkeypatch.setattr(decode_route, "GROUPED_ROUTE", True)
 
     assert use_decode_kernel_grouped(6, 384, 6144, 7168)          # 1 token, top-6 of 384
     assert use_decode_kernel_grouped(96, 384, 7168, 3072)         # 16 tokens
