@@ -1,4 +1,4 @@
-"""Which sm_90a kernel takes a dense GEMM of at most 16 tokens: the decode kernel (``DecodeGemm``) or the
+"""Which sm_90a kernel takes a GEMM of decode size: the decode kernel (``DecodeGemm``) or the generic
 generic split-K GEMM. Pure Python, so the rule is unit-tested without a GPU.
 
 Measured on an H100 80GB HBM3, CUDA-graph replay, weights streamed from HBM, both kernels in one run
