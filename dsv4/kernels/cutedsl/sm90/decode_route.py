@@ -1,5 +1,5 @@
 """Which sm_90a kernel takes a GEMM of decode size: the decode kernel (``DecodeGemm``) or the generic
-generic split-K GEMM. Pure Python, so the rule is unit-tested without a GPU.
+split-K GEMM. Pure Python, so the rule is unit-tested without a GPU.
 
 Measured on an H100 80GB HBM3, CUDA-graph replay, weights streamed from HBM, both kernels in one run
 (``benchmarks/results/h100_bench_sm90_decode_gemm_sweep_copy16.json``, 14 Pro decode shapes, M = 1 and 16):
