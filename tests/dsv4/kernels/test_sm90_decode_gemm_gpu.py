@@ -262,12 +262,17 @@ def test_grouped_decode_gemm(dg, counts, n, k):
     gen = torch.Generator().manual_seed(len(counts) + n + k)
     got, a, b, alphas = _grouped(dg, counts, n, k, gen)
     assert got.shape == (sum(counts), n)
+    _check_grouped(got, a, b, alphas, counts, k, f"grouped n{n} k{k}")
+
+
+def _check_grouped(got, a, b, alphas, counts, k, label):
+    """Every expert's rows against its own weights and alpha (``_check_gemm``'s bound)."""
     offs, ad = _offsets(counts).tolist(), _deq(a)
     for e in range(len(counts)):
         lo, hi = offs[e], offs[e + 1]
         if lo < hi:
             _check_gemm(got[lo:hi], ad[lo:hi], _deq(b, group=e, groups=len(counts)), alphas[e].double(), k,
-                        f"grouped e{e}/{len(counts)} rows {hi - lo} n{n} k{k}")
+                        f"{label} e{e}/{len(counts)} rows {hi - lo}")
 
 
 @pytest.mark.parametrize("counts,n,k,limit", [([2, 0, 3, 1, 0, 9, 17, 1], 200, 1056, None), ([5] * 24, 3072, 7168, None),
@@ -378,12 +383,7 @@ def test_backend_routes_decode_sized_grouped_calls(monkeypatch, in_force):
     be = Sm90Backend("cuda")
     got, a, b, alphas = _grouped(SimpleNamespace(grouped=be.grouped_gemm), counts, n, k, gen)
     assert (be._decode_gemm is not None) == decode_route.GROUPED_ROUTE
-    offs, ad = _offsets(counts).tolist(), _deq(a)
-    for e in range(len(counts)):
-        lo, hi = offs[e], offs[e + 1]
-        if lo < hi:
-            _check_gemm(got[lo:hi], ad[lo:hi], _deq(b, group=e, groups=len(counts)), alphas[e].double(), k,
-                        f"backend grouped e{e}")
+    _check_grouped(got, a, b, alphas, counts, k, "backend grouped")
     big = Sm90Backend("cuda")
     _grouped(SimpleNamespace(grouped=big.grouped_gemm), [40, 0, 30], n, k, gen)
     assert big._decode_gemm is None
