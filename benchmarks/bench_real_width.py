@@ -18,6 +18,8 @@ when its stages are done (a Pro layer is ~13 GB per layout). Then, each stage ti
 2. the native model on ``emulated`` and on each other ``--backends`` name (``cutedsl_sm90``; skipped
    with its reason where it does not execute), same prefills, each length once untimed first (a new
    token count compiles its kernels);
+   Then, at the first prefill length, what capturing the probes costs a forward: plain, with the
+   harness's synchronous host copies, and with pinned non-blocking ones (``probe_capture_cost.py``);
 3. decode: ``--decode-steps`` steps after a prefill of ``--decode-cache`` tokens (the biggest cache
    that fits the remaining budget, halved until it does), per layer per step;
 4. the full harness (``run_threeway``: probes, isolated pass, metrics, the kernel audit where a
@@ -268,7 +270,8 @@ class Bench:
         self.c = bench_config(a.model, a.width, a.layers)
         self.res: dict[str, Any] = {"bench": "real_width", "model": a.model, "width": a.width, "machine": machine(self.device),
                                     "config": config_summary(self.c), "budget_s": a.budget_s, "runs": [], "decode": [],
-                                    "harness": [], "skipped": [], "build": {}, "args": sys.argv[1:]}
+                                    "harness": [], "probe_capture": [], "skipped": [], "build": {},
+                                    "args": sys.argv[1:]}
         self.estimates: dict[str, float] = {}
         self.decodes: list[tuple[str, Path]] = []
 
@@ -359,6 +362,7 @@ class Bench:
 
     def native(self, path: Path, backend: str) -> bool:
         import dsv4
+        from probe_capture_cost import probe_capture_cost
         from dsv4.kernels.registry import BackendError, resolve_backend
 
         try:
@@ -389,6 +393,10 @@ class Bench:
                 out.pop("_state")
                 self.res["runs"].append({"side": "native", "backend": backend, "phase": "prefill", "tokens": T, **out})
             self.stage(f"native:{backend}@{T}", run, self.guess(f"native:{backend}", T))
+        T0 = self.a.prefill_list[0]   # what capturing the probes costs a forward (probe_capture_cost.py)
+        self.stage(f"probes:{backend}@{T0}", lambda: self.res["probe_capture"].append(
+            {"backend": backend, **probe_capture_cost(holder["m"], self.ids(T0), self.device)}),
+            3 * self.estimates.get(f"native:{backend}@{T0}", 0.0))
         self.decodes.append((backend, path))      # decode runs last: the prefills and the harness come first
         holder.clear()
         return True

@@ -81,6 +81,23 @@ def test_tiny_bench_measures_every_layer_kind_side_and_target(tiny_run) -> None:
     sm = t["streaming_memory"]
     assert sm["flat_layers"] == [2, 4] and 0.9 < sm["flat_ratio"] < 1.5 and sm["bound_bytes"] > 2 * 2 ** 30
     assert d["build"]["official"]["bytes"] > 0 and len(d["build"]["nvidia-nvfp4"]["per_layer_bytes"]) == 4
+    # the probe-capture cost is measured per native backend, and on a CPU says why there is nothing to copy
+    assert [(x["backend"], x["tokens"]) for x in d["probe_capture"]] == [("emulated", 32)]
+    assert "nothing is copied" in d["probe_capture"][0]["skipped"]
+
+
+@pytest.mark.gpu
+def test_probe_capture_cost_on_the_gpu() -> None:
+    """Pageable synchronous and pinned non-blocking captures hold the same probes, bytes counted."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import dsv4
+    from probe_capture_cost import probe_capture_cost
+
+    m = dsv4.load_model("tiny-trained", backend="emulated", device="cuda")
+    r = probe_capture_cost(m, torch.randint(2, 1000, (48,)), "cuda")
+    assert r["pinned_equal"] and r["probes"] > 10 and r["host_bytes"] > 48 * 4
+    assert r["plain_seconds"] > 0 and r["pageable_sync_seconds"] > 0 and r["pinned_async_seconds"] > 0
 
 
 def test_bad_prefill_is_one_clear_error() -> None:
