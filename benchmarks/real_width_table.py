@@ -79,6 +79,12 @@ def measured(d: dict) -> list[str]:
                    f"{s['ratio_to_bound']:.2f} ({gib(s['measured_peak_bytes'])} / {gib(s['bound_bytes'])} GiB) | <= 1 | {s['met']} |")
         out.append(f"| peak after {s['flat_layers'][1]} layers / after {s['flat_layers'][0]} | "
                    f"{s['flat_ratio']:.3f} | ~1 (flat) | {s['flat_ratio'] is not None and s['flat_ratio'] < 1.1} |")
+    cap = [x for x in d.get("probe_capture", []) if "skipped" not in x]
+    if cap:
+        out += ["", "| probe capture | tokens | probes | host GiB | plain s | synchronous pageable copies s | "
+                "pinned non-blocking copies s | same values |", "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {x['backend']} | {x['tokens']} | {x['probes']} | {gib(x['host_bytes'])} | {x['plain_seconds']:.3f} | "
+                f"{x['pageable_sync_seconds']:.3f} | {x['pinned_async_seconds']:.3f} | {x['pinned_equal']} |" for x in cap]
     if d.get("skipped"):
         out += ["", "Skipped: " + "; ".join(f"{x['stage']} ({x['reason']})" for x in d["skipped"])]
     return out + [""]

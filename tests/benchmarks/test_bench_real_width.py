@@ -176,3 +176,16 @@ def test_pick_table_prefers_the_models_own_table() -> None:
         t, notes = pick_table(order, "NVIDIA H200", "flash")
         assert t is flash and "scaled from NVIDIA H100 80GB HBM3 (f.json)" in notes[0]
     assert pick_table([flash, pro], card, "tiny")[0] is pro     # no table of the model: the last listed
+
+
+def test_table_shows_the_probe_capture_cost(tiny_run, tmp_path) -> None:
+    d = json.loads(json.dumps(tiny_run))
+    d["probe_capture"].append({"backend": "cutedsl_sm90", "tokens": 1024, "probes": 40, "host_bytes": 3 * 2 ** 30,
+                               "plain_seconds": 0.14, "pageable_sync_seconds": 0.9, "pinned_async_seconds": 0.3,
+                               "pinned_equal": True})
+    (tmp_path / "rw.json").write_text(json.dumps(d))
+    r = subprocess.run([sys.executable, str(BENCH / "real_width_table.py"), str(tmp_path / "rw.json")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "| cutedsl_sm90 | 1024 | 40 | 3.00 | 0.140 | 0.900 | 0.300 | True |" in r.stdout
+    assert "| emulated | 32 |" not in r.stdout.split("| probe capture |")[1]   # the CPU entry says why, not a row
