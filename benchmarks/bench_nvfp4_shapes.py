@@ -33,6 +33,7 @@ table and every row.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -40,7 +41,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 HERE = Path(__file__).resolve().parent
 MS = (1, 4, 16, 64, 512, 4096)
@@ -193,10 +194,9 @@ def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skip
     the decode kernel (``decode_route``), so the rule is checked in the same run."""
     import torch
 
-    from dsv4.kernels.cutedsl.sm90.decode_route import use_decode_kernel, use_decode_kernel_grouped
-
     import bench_nvfp4_gemm as nb
     from dsv4.kernels.contract import ActQuantRequest, GemmRequest, GroupedGemmRequest
+    from dsv4.kernels.cutedsl.sm90.decode_route import use_decode_kernel, use_decode_kernel_grouped
 
     todo = []
     for m in ms:
@@ -220,10 +220,9 @@ def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skip
         return x, be.quantize_activation(ActQuantRequest(x, global_scale=g, scale_layout="swizzled"))
 
     # ---- NVFP4: the shipped path and (M <= 16) the decode kernel
-    ws: list = []
-    try:
+    with weights_phase(rows, "fp4") as ws:
         per = shape.n * shape.k // 2 + shape.n * shape.k // 16
-        ws = [nb._fp4_weight(shape.n, shape.k, E) for _ in range(copies(per, active_min, E * per))]
+        ws += [nb._fp4_weight(shape.n, shape.k, E) for _ in range(copies(per, active_min, E * per))]
         for row, (m, offs_cpu, _, r, _) in zip(rows, todo):
             if time.time() > deadline:
                 row["skipped"] = "time budget"
@@ -258,20 +257,12 @@ def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skip
                 torch.cuda.synchronize()
             finally:
                 x = aq = reqs = None
-    except Exception as e:   # the weights did not fit, or a compile failed before any case
-        for row in rows:
-            row["errors"].append(f"fp4 weights: {type(e).__name__}: {str(e)[:300]}")
-    finally:
-        ws = []
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
     # ---- cuBLAS BF16
-    wbs: list = []
-    try:
+    with weights_phase(rows, "bf16") as wbs:
         per = 2 * shape.n * shape.k
         n_copies = copies(per, active_min, E * per)
         shape_ = (E, shape.n, shape.k) if shape.grouped else (shape.n, shape.k)
-        wbs = [torch.randn(shape_, device="cuda", dtype=torch.bfloat16) for _ in range(n_copies)]
+        wbs += [torch.randn(shape_, device="cuda", dtype=torch.bfloat16) for _ in range(n_copies)]
         for row, (m, offs_cpu, counts, r, _) in zip(rows, todo):
             if row.get("skipped"):
                 continue
@@ -289,14 +280,25 @@ def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skip
                 torch.cuda.synchronize()
             finally:
                 x = fns = made = None
+    return rows
+
+
+@contextlib.contextmanager
+def weights_phase(rows: list[dict], path: str) -> Iterator[list]:
+    """One path's weight copies (the list yielded): a failure before or between its cases (the weights
+    did not fit, a compile failed) is every row's error, and the copies are freed when the path is done."""
+    import torch
+
+    ws: list = []
+    try:
+        yield ws
     except Exception as e:
         for row in rows:
-            row["errors"].append(f"bf16 weights: {type(e).__name__}: {str(e)[:300]}")
+            row["errors"].append(f"{path} weights: {type(e).__name__}: {str(e)[:300]}")
     finally:
-        wbs = []
+        ws.clear()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-    return rows
 
 
 # ---- output -------------------------------------------------------------------------------------------

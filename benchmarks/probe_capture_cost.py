@@ -16,6 +16,7 @@ layers, 1,024 tokens, ``cutedsl_sm90``); this tells how much of that the copies 
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -41,17 +42,16 @@ def host_bytes(values: dict[str, Any]) -> int:
 
 
 def _timed(model: Any, ids: torch.Tensor, device: torch.device, rec: ProbeRecorder | None) -> float:
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
-    sync(device)
+    torch.cuda.synchronize(device)
     t0 = time.perf_counter()
-    with torch.no_grad():
-        if rec is None:
-            model(ids)
-        else:
-            with rec:
-                model(ids)
-    sync(device)
+    with torch.no_grad(), rec if rec is not None else contextlib.nullcontext():
+        model(ids)
+    torch.cuda.synchronize(device)
     return time.perf_counter() - t0
+
+
+def _same(a: Any, b: Any) -> bool:
+    return torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
 
 
 def probe_capture_cost(model: Any, ids: torch.Tensor, device: str | torch.device) -> dict[str, Any]:
@@ -65,8 +65,7 @@ def probe_capture_cost(model: Any, ids: torch.Tensor, device: str | torch.device
     pinned_rec = PinnedRecorder()
     pinned = _timed(model, ids, dev, pinned_rec)
     same = list(sync_rec.values) == list(pinned_rec.values) and all(
-        torch.equal(sync_rec.values[n], pinned_rec.values[n]) if isinstance(sync_rec.values[n], torch.Tensor)
-        else sync_rec.values[n] == pinned_rec.values[n] for n in sync_rec.values)
+        _same(v, pinned_rec.values[n]) for n, v in sync_rec.values.items())
     return {"tokens": int(ids.numel()), "probes": len(sync_rec.values), "host_bytes": host_bytes(sync_rec.values),
             "plain_seconds": plain, "pageable_sync_seconds": pageable, "pinned_async_seconds": pinned,
             "pinned_equal": bool(same)}

@@ -95,7 +95,7 @@ class Sm90Backend(LaunchResources):
         if self.decode_kernel and use_decode_kernel(m, n, k):
             dg = self._decoder()
             if dg.supports(req):  # else (unaligned packed data) the generic kernel
-                return dg(req)
+                return dg(req, validated=True)
         launch = dense_launch(m, n, k, swiglu=req.swiglu_limit is not None, num_sms=self._sms())
         self._check_operand(a, "a", launch.cfg.vec_bytes)
         self._check_operand(b, "b", launch.cfg.vec_bytes)
@@ -115,7 +115,7 @@ class Sm90Backend(LaunchResources):
         if self.decode_kernel and use_decode_kernel_grouped(m, e, n, k):
             dg = self._decoder()
             if dg.supports_grouped(req):
-                return dg.grouped(req, check_values=False)  # validated above
+                return dg.grouped(req, validated=True)
         launch = grouped_launch(m, e, n, k, swiglu=req.swiglu_limit is not None, num_sms=self._sms())
         self._check_operand(a, "a", launch.cfg.vec_bytes)
         self._check_operand(b, "b", launch.cfg.vec_bytes)

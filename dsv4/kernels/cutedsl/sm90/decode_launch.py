@@ -160,8 +160,10 @@ class DecodeGemm(LaunchResources):
         exe(*ptrs, m, n, k, e, plan.tiles, plan.splits, plan.slots,
             float(limit) if limit is not None else 0.0, cu_stream(dev))
 
-    def __call__(self, req: GemmRequest) -> torch.Tensor:
-        req.validate()
+    def __call__(self, req: GemmRequest, *, validated: bool = False) -> torch.Tensor:
+        """``validated=True``: the caller ran ``req.validate()`` on this request (``Sm90Backend.gemm``)."""
+        if not validated:
+            req.validate()
         a, b = req.a, req.b
         m, n, k = a.rows, b.rows, a.k
         if not (1 <= m <= MAX_TOKENS):
@@ -173,11 +175,13 @@ class DecodeGemm(LaunchResources):
                      m, n, k, 1, out, req.swiglu_limit)
         return out
 
-    def grouped(self, req: GroupedGemmRequest, *, check_values: bool = True) -> torch.Tensor:
+    def grouped(self, req: GroupedGemmRequest, *, check_values: bool = True, validated: bool = False) -> torch.Tensor:
         """MoE grouped GEMM at decode sizes (few rows per expert; any routing is correct, rows per
         expert beyond 16 just take more token-tile slots). ``check_values=False`` (implied while
-        capturing a CUDA graph) skips the contract's host reads of offsets / alphas."""
-        req.validate(check_values=check_values and not capturing())
+        capturing a CUDA graph) skips the contract's host reads of offsets / alphas; ``validated=True``:
+        the caller validated the request (``Sm90Backend.grouped_gemm``)."""
+        if not validated:
+            req.validate(check_values=check_values and not capturing())
         a, b = req.a, req.b
         e, n, k, m = req.num_experts, req.n_per_expert, a.k, a.rows
         self._check(req)
