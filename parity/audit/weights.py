@@ -11,12 +11,22 @@ The kernel's view comes from GEMMs against an identity activation, which NVFP4 r
 2. the stored global scale: ``bf16(fp32(e2m1 * e4m3 * g))`` must match bit for bit (one FP32 rounding
    and one BF16 cast on both sides), which catches a wrong or missing global scale / alpha.
 
+Pass 2 runs first, over every weight; pass 1 runs only where pass 2 found a mismatch (a dense module
+whole, a bank's experts with a finding), so a clean backend costs one identity pass, not two. Pass 2
+alone finds every fault pass 1 finds: two distinct products ``v != v'`` of <= 6 significant bits differ
+by >= 2^-6 relative, while one FP32 rounding and one BF16 cast move each by <= 2^-9 relative, so
+``bf16(fp32(v' * g)) != bf16(fp32(v * g))`` (zero and NaN compare exactly; ``g`` a normal FP32, as
+stored). The one fault pass 2 misses, a wrong decode exactly compensated by a wrong global scale on
+every element, leaves the GEMM right for every activation (it is linear). Pass 1 adds localization:
+codes / block scales wrong, or only the global scale. Findings and their order are those of running
+both passes everywhere (a dense module's pass 1 before its pass 2, a bank's by (expert, pass)).
+
 The identity is fed in chunks of rows (and experts), so memory stays at one chunk of output.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -58,6 +68,8 @@ class WeightAudit:
     weights: int = 0
     mismatches: list[WeightMismatch] = field(default_factory=list)
     audited: list[tuple[str, str]] = field(default_factory=list)     # (module, component)
+    passes_run: int = 0     # identity passes: one per module clean; a bank's pass 1 counts once
+
 
     @property
     def passed(self) -> bool:
@@ -65,7 +77,7 @@ class WeightAudit:
 
     def summary(self) -> dict[str, Any]:
         return {"backend": self.backend, "modules": self.modules, "weights": self.weights,
-                "mismatching": [m.__dict__ for m in self.mismatches]}
+                "mismatching": [m.__dict__ for m in self.mismatches], "passes_run": self.passes_run}
 
 
 def weight_records(wa: WeightAudit, ctx: Any, pair: str, prompt_mode: str) -> list[dict[str, Any]]:
@@ -124,6 +136,7 @@ def audit_weights(model: Any, backend: Any | None = None, *, chunk_rows: int = C
 
 
 def _passes(g: torch.Tensor) -> tuple[tuple[str, torch.Tensor], ...]:
+    """(pass 1, pass 2): index 0 global scale 1.0, index 1 the stored global scale."""
     return (("codes*scales (global 1.0)", torch.ones_like(g, dtype=torch.float32)), ("with global scale", g))
 
 
@@ -132,7 +145,13 @@ def _audit_dense(be: Any, mod: Any, result: WeightAudit, chunk_rows: int) -> Non
     n, k = w.rows, w.k
     scales = linear_scales(w)
     result.weights += n * k
-    for passname, g in _passes(w.global_scale):
+    found: list[WeightMismatch] = []
+    passes = _passes(w.global_scale)
+    for pi in (1, 0):                          # pass 2; pass 1 only after a finding (listed first)
+        if pi == 0 and not found:
+            break
+        result.passes_run += 1
+        passname, g = passes[pi]
         op = FP4Operand(w.packed, w.scales, g, k=k, scale_layout=w.scale_layout)
         want_all = _reference_view(w.packed, scales, g.to(torch.float32), k).T  # [K, N]
         bad, examples = 0, []
@@ -142,22 +161,30 @@ def _audit_dense(be: Any, mod: Any, result: WeightAudit, chunk_rows: int) -> Non
             bad += nb
             examples += ex[: MAX_EXAMPLES - len(examples)]
         if bad:
-            result.mismatches.append(WeightMismatch(mod.name, mod.component, None, passname, bad, n * k, examples))
+            found.insert(0, WeightMismatch(mod.name, mod.component, None, passname, bad, n * k, examples))
+    result.mismatches += found
 
 
 def _audit_bank(be: Any, mod: Any, result: WeightAudit, chunk_rows: int) -> None:
     """An expert bank: one grouped GEMM serves a batch of experts (the identity chunk once per expert,
-    the others empty), so the calls number experts / batch, not experts (thousands at real width)."""
+    the others empty), so the calls number experts / batch, not experts (thousands at real width).
+    Pass 2 over every expert; pass 1 over the experts pass 2 found, batched the same way."""
     op = mod.weight_operand()
     E, n, k = mod.groups, mod.n_per_group, op.k
     scales = linear_scales(op, rows=E * n, groups=E)
     result.weights += E * n * k
     batch = max(1, BATCH_ELEMENTS // (min(chunk_rows, k) * n))
     found: dict[tuple[int, int], list[Any]] = {}
-    for pi, (passname, g) in enumerate(_passes(op.global_scale.reshape(E))):
+    passes = _passes(op.global_scale.reshape(E))
+    experts: list[int] = list(range(E))
+    for pi in (1, 0):
+        if not experts:
+            break
+        result.passes_run += 1
+        passname, g = passes[pi]
         b = FP4Operand(op.packed, op.scales, g, k=k, scale_layout=op.scale_layout)
-        for e0 in range(0, E, batch):
-            es = range(e0, min(E, e0 + batch))
+        for i in range(0, len(experts), batch):
+            es = experts[i:i + batch]
             for k0 in range(0, k, chunk_rows):
                 rows = range(k0, min(k, k0 + chunk_rows))
                 got = _bank_view(be, b, es, rows)                      # [len(es) * r, n]
@@ -173,6 +200,7 @@ def _audit_bank(be: Any, mod: Any, result: WeightAudit, chunk_rows: int) -> None
                         f = found.setdefault((e, pi), [passname, 0, []])
                         f[1] += nb
                         f[2] += ex[: MAX_EXAMPLES - len(f[2])]
+        experts = sorted({e for e, _ in found})
     for (e, _), (passname, bad, examples) in sorted(found.items()):
         result.mismatches.append(WeightMismatch(mod.name, mod.component, e, passname, bad, n * k, examples))
 
@@ -182,14 +210,14 @@ def _kernel_view(backend: Any, w: FP4Operand, rows: range) -> torch.Tensor:
     return backend.gemm(GemmRequest(identity_operand(rows, w.k, w.device), w))
 
 
-def _bank_view(backend: Any, b: FP4Operand, experts: range, rows: range) -> torch.Tensor:
-    """``I[rows] @ W_e^T`` for every expert e of ``experts``, stacked, through one grouped GEMM."""
+def _bank_view(backend: Any, b: FP4Operand, experts: Sequence[int], rows: range) -> torch.Tensor:
+    """``I[rows] @ W_e^T`` for every expert e of ``experts`` (ascending), stacked, through one grouped GEMM."""
     i = identity_operand(rows, b.k, b.device)
     m = len(experts)
     a = FP4Operand(i.packed.repeat(m, 1), i.scales.repeat(m, 1), i.global_scale, k=b.k)
     E = int(b.global_scale.numel())
     counts = torch.zeros(E + 1, dtype=torch.int32)
-    counts[experts.start + 1:experts.stop + 1] = len(rows)
+    counts[torch.tensor(list(experts), dtype=torch.long) + 1] = len(rows)
     offsets = torch.cumsum(counts, 0, dtype=torch.int32).to(b.device)
     return backend.grouped_gemm(GroupedGemmRequest(a, b, offsets, b.global_scale.to(torch.float32)))
 
