@@ -22,9 +22,7 @@ def test_grouped_rule_takes_sparse_routing_and_leaves_the_rest(monkeypatch):
     from dsv4.kernels.cutedsl.sm90 import decode_route
     from dsv4.kernels.cutedsl.sm90.decode_route import use_decode_kernel_grouped
 
-    assert not use_decode_kernel_grouped(6, 384, 6144, 7168)      # not in force yet
-    monkeypatch.setattr(decode_route, "GROUPED_ROUTE", True)
-
+    assert decode_route.GROUPED_ROUTE                             # in force
     assert use_decode_kernel_grouped(6, 384, 6144, 7168)          # 1 token, top-6 of 384
     assert use_decode_kernel_grouped(96, 384, 7168, 3072)         # 16 tokens
     assert use_decode_kernel_grouped(384, 384, 6144, 7168)        # 64 tokens: one row an expert on average
@@ -32,3 +30,5 @@ def test_grouped_rule_takes_sparse_routing_and_leaves_the_rest(monkeypatch):
     assert not use_decode_kernel_grouped(512 * 6, 384, 6144, 7168)  # 512 tokens: 8 rows an expert
     assert not use_decode_kernel_grouped(0, 384, 6144, 7168)
     assert not use_decode_kernel_grouped(6, 384, 6144, 7176)
+    monkeypatch.setattr(decode_route, "GROUPED_ROUTE", False)        # the switch turns it all off
+    assert not use_decode_kernel_grouped(6, 384, 6144, 7168)
