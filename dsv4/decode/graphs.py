@@ -103,7 +103,26 @@ def capture(g: Any, pool: Any, fn: Any) -> BaseException | None:
         g.capture_end()
     except Exception as e:
         err = err or e
+    if err is not None:
+        _end_generator_capture(type(g))
     return err
+
+
+def _end_generator_capture(graph_cls: Any) -> None:
+    """After a failed capture, one empty capture on the same stream. ``capture_begin`` puts the
+    device's default CUDA generator in capture mode and only a successful ``capture_end`` takes it out
+    (torch 2.11): left so, every later CUDA RNG call in the process raises "Offset increment outside
+    graph capture encountered unexpectedly" (seen on an H200 after the emulated backend's fallbacks)."""
+    import warnings
+
+    h = graph_cls()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # "The CUDA Graph is empty": it is meant to be
+        try:
+            h.capture_begin(capture_error_mode="thread_local")
+            h.capture_end()
+        except Exception:   # nothing more to restore: the next capture_begin resets the generator too
+            pass
 
 
 @dataclass

@@ -157,3 +157,19 @@ def test_emulated_all_bf16_captures_what_has_no_host_read() -> None:
     # the dense BF16 projections capture; the grouped BF16 GEMMs loop over offsets.tolist() (host read)
     assert modes["L0.attn_pre"] == "graph"
     assert modes["L0.attn_out"] == "eager"
+
+
+def test_a_failed_capture_leaves_the_cuda_generator_usable():
+    """A capture refused by a host read leaves the default CUDA generator in capture mode unless
+    ``capture`` ends that with an empty capture: later ``torch.randn(device='cuda')`` raised "Offset
+    increment outside graph capture encountered unexpectedly" (an H200 run, after the emulated
+    backend's fallbacks, broke the next test that drew random numbers on the GPU)."""
+    from dsv4.decode.graphs import capture
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU; none is present on this machine")
+    x = torch.ones(4, device="cuda")
+    with torch.cuda.stream(torch.cuda.Stream()):
+        err = capture(torch.cuda.CUDAGraph(), None, lambda: float(x.sum()))   # a host read: refused
+    assert err is not None
+    assert torch.randn(8, device="cuda").isfinite().all()

@@ -230,3 +230,28 @@ def test_arguments_are_checked() -> None:
         _, st = m.prefill(PROMPT)
         with probes.ProbeRecorder(), pytest.raises(GraphDecoderError, match="probes"):
             dec.step(st, 3)
+
+
+def test_a_failed_capture_is_followed_by_an_empty_one_and_a_clean_one_is_not():
+    """``capture`` ends the generator's capture mode after a failure with one empty capture (a torch
+    CUDA generator stays in it otherwise; the GPU test checks the generator itself)."""
+    from dsv4.decode.graphs import capture
+
+    log: list = []
+
+    class Noting:
+        def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+            log.append((id(self), "begin"))
+
+        def capture_end(self) -> None:
+            log.append((id(self), "end"))
+
+    g = Noting()
+    assert capture(g, None, lambda: None) is None and len(log) == 2
+
+    def refused() -> None:
+        raise CaptureRefused("operation not permitted when stream is capturing")
+
+    log.clear()
+    assert isinstance(capture(g, None, refused), CaptureRefused)
+    assert [e for _, e in log] == ["begin", "end", "begin", "end"] and log[2][0] != id(g)
