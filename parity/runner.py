@@ -84,6 +84,10 @@ def _trace_nonfinite(rec: ProbeRecorder, mode: str) -> Iterator[None]:
     try:
         yield
     except Exception as e:
+        try:
+            rec.wait()      # the host copies are asynchronous: complete them before reading
+        except Exception:
+            pass            # the device itself failed: the forward's error stands
         for name in rec.order:
             v = rec.values[name]
             if isinstance(v, torch.Tensor) and v.is_floating_point() and _abnormal(name, v):
