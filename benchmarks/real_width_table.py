@@ -34,7 +34,8 @@ def measured(d: dict) -> list[str]:
            "", f"layer kinds {d['config']['layer_kinds']}; D={d['config']['hidden_size']}, "
                f"{d['config']['n_routed_experts']} experts top-{d['config']['num_experts_per_tok']}, "
                f"vocab {d['config']['vocab_size']}; bench wall {d.get('wall_s', 0):.0f} s", "",
-           "| side | phase | tokens | layer kind | s / layer | peak GPU GiB | disk read GiB |", "|---|---|---|---|---|---|---|"]
+           "| side | phase | tokens | layer kind | s / layer | peak GPU GiB | host RSS GiB | disk read GiB |",
+           "|---|---|---|---|---|---|---|---|"]
     # tables written before the bench warmed up at every length: the first native layer at a new token
     # count (and the first decode step) include that shape's kernel compile; marked, not corrected
     warm = {(r["backend"], r.get("tokens")) for r in d["runs"] if r["phase"] == "warmup"}
@@ -50,7 +51,8 @@ def measured(d: dict) -> list[str]:
             mark, cold = " *", True
         for k, xs in by.items():
             out.append(f"| {r['backend']}{mark} | prefill | {r['tokens']} | {k} | {sum(x['seconds'] for x in xs) / len(xs):.4g} | "
-                       f"{gib(max(x['peak_gpu_bytes'] for x in xs))} | {gib(sum(x['disk_read_bytes'] for x in xs) / len(xs))} |")
+                       f"{gib(max(x['peak_gpu_bytes'] for x in xs))} | {gib(max(x.get('host_rss_bytes') or 0 for x in xs))} | "
+                       f"{gib(sum(x['disk_read_bytes'] for x in xs) / len(xs))} |")
     for r in d.get("decode", []):
         by2: dict[str, list[float]] = {}
         for x in r["layers"]:
@@ -58,7 +60,11 @@ def measured(d: dict) -> list[str]:
         mark = "" if "warmup_step_seconds" in r or r["side"] != "native" else " *"
         cold = cold or bool(mark)
         for k, v in by2.items():
-            out.append(f"| {r['backend']}{mark} | decode ({r['cache_tokens']}-token cache) | 1 | {k} | {sum(v) / len(v):.4g} | - | - |")
+            out.append(f"| {r['backend']}{mark} | decode ({r['cache_tokens']}-token cache) | 1 | {k} | {sum(v) / len(v):.4g} | - | - | - |")
+    peak_host = max((x.get("host_peak_rss_bytes") or 0 for r in d["runs"] for x in r.get("layers", [])), default=0)
+    out += ["", "host RSS: the process's resident memory after the layer (its lifetime peak: "
+            f"{gib(peak_host)} GiB, weights generation included); disk read: bytes the kernel read from the "
+            "device for the layer (files the bench had just written may come from the page cache: a lower bound)."]
     if cold:
         out += ["", "\\* measured without a warm-up at that token count (a bench before the per-length warm-up): the "
                 "first layer to run (and the mean over decode steps, the first included) holds the kernels' compile "

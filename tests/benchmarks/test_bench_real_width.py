@@ -157,6 +157,7 @@ def test_table_script_writes_measured_and_extrapolated_markdown(results, tmp_pat
     assert r.returncode == 0, r.stderr[-2000:]
     text = md.read_text()
     assert "| reference(streaming) | prefill | 64 | hca/score |" in text and "harness overhead" in text
+    assert "| peak GPU GiB | host RSS GiB | disk read GiB |" in text and "lifetime peak" in text
     for row in ("| flash | 1x H100 (streamed) |", "| pro | 8x B200 (torchrun, prompts over 8 ranks) |"):
         assert row in text
     assert "no measured table for this machine (NVIDIA B200)" in text
