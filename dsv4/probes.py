@@ -144,7 +144,9 @@ class ProbeRecorder:
     for the GPU at every probe (an H200, DeepSeek-V4 Pro width, 2 layers, 1,024 tokens, 38 probes of
     1.6 GB: a ``cutedsl_sm90`` prefill took 0.13 s plain, 0.57 s with synchronous pageable copies,
     0.16 s with these, values equal); the values are complete once the recorder exits, or after
-    :meth:`wait`.
+    :meth:`wait`. The pinned memory comes from a few slabs (``dsv4.pinned_slabs``: torch rounds every
+    pinned block up to a power of two); a tensor above 256 MiB (the logits at real vocabulary and
+    thousands of tokens) is copied synchronously to pageable memory instead.
     """
 
     include: Callable[[str], bool] | str | None = None
@@ -154,6 +156,7 @@ class ProbeRecorder:
     order: list[str] = field(default_factory=list)
     _token: Any = field(default=None, repr=False)
     _pending: set = field(default_factory=set, repr=False)     # devices with copies in flight
+    _slabs: Any = field(default=None, repr=False)              # PinnedSlabs, made at the first CUDA copy
 
     def __post_init__(self) -> None:
         if self.keep not in ("last", "all"):
@@ -179,9 +182,13 @@ class ProbeRecorder:
     def _to_host(self, value: Any) -> Any:
         if not getattr(value, "is_cuda", False):
             return value.to("cpu")
-        import torch
+        if self._slabs is None:
+            from .pinned_slabs import PinnedSlabs
 
-        dst = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+            self._slabs = PinnedSlabs()
+        dst = self._slabs.empty(tuple(value.shape), value.dtype)
+        if dst is None:
+            return value.to("cpu")
         dst.copy_(value, non_blocking=True)    # ordered on the current stream after the producer
         self._pending.add(value.device)
         return dst

@@ -37,3 +37,33 @@ def test_cuda_probes_land_in_pinned_memory_with_their_value_at_emission():
     first, second, strided = rec["x"]
     assert not rec._pending and first.is_pinned() and not first.is_cuda
     assert torch.equal(first, want) and torch.equal(second, want * 2) and torch.equal(strided, (want * 2)[:, ::2])
+
+
+def test_slabs_are_powers_of_two_and_tensors_are_aligned_views_of_them():
+    from dsv4 import pinned_slabs
+    from dsv4.pinned_slabs import ALIGN, MAX_SLAB, MIN_SLAB, PinnedSlabs
+
+    made: list[int] = []
+
+    def alloc(n: int) -> torch.Tensor:        # pageable stand-in for pinned memory (no GPU here)
+        made.append(n)
+        return torch.empty(n, dtype=torch.uint8)
+
+    s = PinnedSlabs(alloc)
+    a = s.empty((3, 5), torch.float32)
+    b = s.empty((7,), torch.bfloat16)
+    c = s.empty((), torch.int64)
+    assert made == [MIN_SLAB]                                 # small tensors share the first slab
+    for t, shape in ((a, (3, 5)), (b, (7,)), (c, ())):
+        assert tuple(t.shape) == shape and t.is_contiguous() and t.data_ptr() % ALIGN == 0
+    a.fill_(1.5), b.fill_(2.0), c.fill_(7)
+    assert float(a.sum()) == 22.5 and float(b.sum()) == 14.0 and int(c) == 7   # no overlap
+    big = s.empty((3 * MIN_SLAB // 4,), torch.float32)        # 3 MiB: a new slab, 4 MiB
+    assert made == [MIN_SLAB, 4 * MIN_SLAB] and big.numel() == 3 * MIN_SLAB // 4
+    s.empty((1,), torch.uint8)                                # fits the 4 MiB slab's tail
+    assert made == [MIN_SLAB, 4 * MIN_SLAB]
+    s.empty((MIN_SLAB,), torch.uint8)                         # does not: the next is twice the last
+    assert made[-1] == 8 * MIN_SLAB and all(n & (n - 1) == 0 for n in made)
+    assert s.empty((MAX_SLAB + 1,), torch.uint8) is None      # too big for a slab: the caller copies
+    assert s.reserved == sum(made) and s.used == 60 + 14 + 8 + 3 * MIN_SLAB + 1 + MIN_SLAB
+    assert pinned_slabs.MAX_SLAB & (pinned_slabs.MAX_SLAB - 1) == 0
