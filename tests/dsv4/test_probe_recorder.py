@@ -34,9 +34,14 @@ def test_cuda_probes_land_in_pinned_memory_with_their_value_at_emission():
         x.mul_(2.0)                    # after the emission, on the same stream: not in the probe
         probes.emit("x", x)
         probes.emit("x", x[:, ::2])    # a strided view
+        big = torch.ones(80 << 20, device="cuda")   # 320 MiB > a slab: copied synchronously instead
+        probes.emit("big", big)
     first, second, strided = rec["x"]
     assert not rec._pending and first.is_pinned() and not first.is_cuda
     assert torch.equal(first, want) and torch.equal(second, want * 2) and torch.equal(strided, (want * 2)[:, ::2])
+    (big_host,) = rec["big"]
+    assert not big_host.is_pinned() and bool((big_host == 1).all())
+    assert rec._slabs.reserved < 2 * rec._slabs.used       # slabs, not a power of two per probe
 
 
 def test_slabs_are_powers_of_two_and_tensors_are_aligned_views_of_them():
