@@ -220,9 +220,17 @@ def _token_curves(sums: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _row_sums(x: torch.Tensor, y: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
+    """Row sums of x*y, x*x, y*y, d*d (d = x - y). The products go through one scratch tensor: the
+    same values summed the same way as four fresh temporaries (bit for bit, tested), without
+    allocating and faulting in three more tensors of the probe's size (0.56 -> 0.30 s for a 117 MB
+    Pro-width probe in float64 on a 2-core CPU)."""
     d = x - y
-    sums = torch.stack([(x * y).sum(1), (x * x).sum(1), (y * y).sum(1), (d * d).sum(1)])
-    return sums.to(torch.float64).numpy(), d
+    buf = torch.empty_like(x)
+    sums = []
+    for u, v in ((x, y), (x, x), (y, y), (d, d)):
+        torch.mul(u, v, out=buf)
+        sums.append(buf.sum(1))
+    return torch.stack(sums).to(torch.float64).numpy(), d
 
 
 def compare_tensors(a: torch.Tensor, b: torch.Tensor) -> TensorComparison:

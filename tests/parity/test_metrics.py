@@ -112,3 +112,18 @@ def test_tiny_differences_keep_their_relative_precision() -> None:
     exact = float(((a.double() - b.double()) ** 2).sum() / ((a.double() ** 2).sum() + (b.double() ** 2).sum()))
     assert exact < 1e-9
     assert compare_tensors(a, b).rel_diff == pytest.approx(exact, rel=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(5, 3), (64, 4, 96), (1, 1), (300, 7, 13)])
+def test_row_sums_through_one_scratch_tensor_equal_fresh_products_bit_for_bit(dtype, shape):
+    from parity.metrics import _row_sums, _rows
+
+    g = torch.Generator().manual_seed(sum(shape))
+    a = torch.randn(shape, generator=g, dtype=dtype)
+    b = a + 1e-3 * torch.randn(shape, generator=g, dtype=dtype)
+    x, y = _rows(a), _rows(b)
+    d = x - y
+    want = torch.stack([(x * y).sum(1), (x * x).sum(1), (y * y).sum(1), (d * d).sum(1)]).to(torch.float64).numpy()
+    got, got_d = _row_sums(x, y)
+    assert got.tobytes() == want.tobytes() and torch.equal(got_d, d)
