@@ -13,6 +13,8 @@
 #             DSV4_DSPARK_RANKS torchrun ranks sharing the GPU (default 15: units of (column, part, prompt), sharded.py)
 #   zoo       the bug zoo's kernel faults injected around the real sm_90a kernels + clean row, and the
 #             audit's cost beside the plain forward (benchmarks/bench_audit.py)
+#   gate      tests beside verdicts + zoo (two processes share the GPU), in one call: the check before a
+#             routing or kernel change lands (about 350 s on an H200: tests 216 s beside verdicts 257 s + zoo 92 s)
 #   parity    parity-zoo and parity-rest side by side (two processes share the GPU well: on an H100 the
 #             tests and verdicts parts ran side by side in 165 s and 250 s)
 #   realwidth-flash / realwidth-pro: benchmarks/bench_real_width.py at the exact shapes (one call each;
@@ -72,6 +74,8 @@ run_part() {
         --device cuda --json "$RES/bench_audit.json" ;;
   parity)
     run_part parity-zoo & run_part parity-rest & wait ;;
+  gate)
+    run_part tests & { run_part verdicts; run_part zoo; } & wait ;;
   realwidth-flash|realwidth-pro)
     local model=${1#realwidth-}
     step "real_width_$model" 570 python3 benchmarks/bench_real_width.py --model "$model" --budget-s "${DSV4_RW_BUDGET:-500}" \
@@ -90,7 +94,7 @@ run_part() {
     step pytest_decode_gemm 200 python3 -m pytest -q -rs -p no:cacheprovider tests/dsv4/kernels/test_sm90_decode_gemm_gpu.py \
         --junitxml="$RES/pytest_decode_gemm.xml"
     if [ -n "${OUT:-}" ]; then cp "$RES/profile_decode_gemm.json" "$OUT/" 2>/dev/null; fi ;;
-  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, verdicts, dspark, zoo, realwidth-flash, realwidth-pro, shapes, kernel-profile or all)"; return 2 ;;
+  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, gate, verdicts, dspark, zoo, realwidth-flash, realwidth-pro, shapes, kernel-profile or all)"; return 2 ;;
   esac
 }
 {

@@ -83,3 +83,13 @@ def test_the_summary_names_the_card_and_each_steps_verdict(tmp_path: Path) -> No
     assert steps["dspark_chat"]["timed_out"] and steps["dspark_chat"]["result"]["json"] == "missing"
     assert steps["pytest_parity"]["pytest"] == {"tests": 4, "failures": 1, "errors": 0, "skipped": 1, "passed": 2,
                                                 "failed": ["t::b"], "skip_reasons": ["needs an sm_100 GPU"]}
+
+
+def test_the_script_is_valid_bash_and_its_gate_runs_tests_beside_the_verdicts() -> None:
+    import subprocess
+
+    assert subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, timeout=30).returncode == 0
+    text = SCRIPT.read_text(encoding="utf-8")
+    gate = text[text.index("  gate)"):text.index(";;", text.index("  gate)"))]
+    assert "run_part tests &" in gate and "run_part verdicts" in gate and "run_part zoo" in gate and "wait" in gate
+    assert "gate," in text[text.index("unknown part"):]
