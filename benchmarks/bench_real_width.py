@@ -18,8 +18,8 @@ when its stages are done (a Pro layer is ~13 GB per layout). Then, each stage ti
 2. the native model on ``emulated`` and on each other ``--backends`` name (``cutedsl_sm90``; skipped
    with its reason where it does not execute), same prefills, each length once untimed first (a new
    token count compiles its kernels);
-   Then, at the first prefill length, what capturing the probes costs a forward: plain, with the
-   harness's synchronous host copies, and with pinned non-blocking ones (``probe_capture_cost.py``);
+   Then, at the first prefill length, what capturing the probes costs a forward: plain, with
+   synchronous pageable host copies, and with the harness's pinned non-blocking ones (``probe_capture_cost.py``);
 3. decode: ``--decode-steps`` steps after a prefill of ``--decode-cache`` tokens (the biggest cache
    that fits the remaining budget, halved until it does), per layer per step;
 4. the full harness (``run_threeway``: probes, isolated pass, metrics, the kernel audit where a

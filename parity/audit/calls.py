@@ -171,10 +171,17 @@ def linear_scales(op: FP4Operand, rows: int | None = None, groups: int = 1) -> t
     """Scales ``[rows, K/16]`` in the linear layout (swizzled operands unswizzled, per group)."""
     if op.scale_layout == "linear":
         return op.scales
-    rows = op.rows if rows is None else rows
-    per, sc = rows // groups, op.k // 16
+    per = (op.rows if rows is None else rows) // groups
+    return torch.cat([group_scales(op, g, per) for g in range(groups)])
+
+
+def group_scales(op: FP4Operand, g: int, per: int) -> torch.Tensor:
+    """Group ``g``'s scales ``[per, K/16]`` (``per`` rows a group) in the linear layout."""
+    sc = op.k // 16
+    if op.scale_layout == "linear":
+        return op.scales[g * per:(g + 1) * per]
     n = swizzled_numel(per, sc)
-    return torch.cat([unswizzle_scales(op.scales[g * n:(g + 1) * n], per, sc) for g in range(groups)])
+    return unswizzle_scales(op.scales[g * n:(g + 1) * n], per, sc)
 
 
 def _dequant(op: FP4Operand, groups: int = 1) -> torch.Tensor:
@@ -276,14 +283,8 @@ class _Bank:
         return w, w.abs()
 
     def _expert(self, e: int) -> torch.Tensor:
-        op, n, sc = self.op, self.n, self.k // 16
-        packed = op.packed[e * n:(e + 1) * n]
-        if op.scale_layout == "linear":
-            scales = op.scales[e * n:(e + 1) * n]
-        else:
-            per = swizzled_numel(n, sc)
-            scales = unswizzle_scales(op.scales[e * per:(e + 1) * per], n, sc)
-        return nvfp4_dequantize(packed, scales, 1.0)
+        n = self.n
+        return nvfp4_dequantize(self.op.packed[e * n:(e + 1) * n], group_scales(self.op, e, n), 1.0)
 
 
 def _grouped_batched_clean(check: CallCheck, req: GroupedGemmRequest, got: torch.Tensor, a: torch.Tensor,

@@ -70,7 +70,6 @@ class WeightAudit:
     audited: list[tuple[str, str]] = field(default_factory=list)     # (module, component)
     passes_run: int = 0     # identity passes: one per module clean; a bank's pass 1 counts once
 
-
     @property
     def passed(self) -> bool:
         return not self.mismatches
