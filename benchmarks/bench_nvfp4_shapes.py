@@ -13,7 +13,10 @@ expert GEMM gets M tokens each routed top-k over the model's experts (seeded ran
 ``bench_nvfp4_gemm._routing``), ``attn.wo_a`` every token in each of its ``o_groups`` groups. Paths:
 the shipped NVFP4 path (``Sm90Backend.gemm`` / ``.grouped_gemm``; ``fp4_route`` says which kernel it took,
 and where that is the decode kernel the generic one is timed too, ``gen``), for M <= 16 also ``DecodeGemm``
-(``dg(req)`` / ``dg.grouped(req, check_values=False)``), and cuBLAS BF16 (``x @ w.t()``; grouped:
+(``dg(req)`` / ``dg.grouped(req, check_values=False)``), for dense shapes at M >= 64 the prefill route
+``PrefillGemm`` (``pre``: exact BF16 dequantization + cuBLAS; its kernel-only time is the capture-safe
+form, FP32 output + torch epilogue, its eager time the form the model's eager prefill takes, cuBLAS
+scaling by a host-read alpha), and cuBLAS BF16 (``x @ w.t()``; grouped:
 ``bench_nvfp4_gemm._bf16_grouped``). Each path is timed twice: kernel-only ("graph": CUDA-graph replay,
 weights cycled over enough copies to leave the L2, ``bench_sm90_decode_gemm.graph_us``) and eager
 ("eager": CUDA events around a loop of plain Python calls, host overhead included; median of 5 loops).
@@ -103,7 +106,7 @@ def targets(m: int, routed: bool, x_bf16: float, roof: float) -> dict[str, bool]
 def finish(row: dict, hbm_bps: float) -> None:
     """Speedups, roofline shares and target verdicts of the NVFP4 paths of ``row``."""
     row["roofline_us"] = row["io_bytes"] / hbm_bps * 1e6
-    for p in ("fp4", "dec"):
+    for p in ("fp4", "dec", "pre"):
         g = row.get(f"{p}_graph_us")
         if g is None:
             continue
@@ -188,15 +191,17 @@ def copies(per_active: int, active_min: int, bank: int) -> int:
 
 
 def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skipped: list[str],
-              gen: Any = None) -> list[dict]:
+              gen: Any = None, pre: Any = None) -> list[dict]:
     """Every M of one shape: the FP4 paths first (their weights freed), then the BF16 baseline. ``gen``
     (``Sm90Backend(decode_kernel=False)``) times the generic kernel wherever ``be`` routes the call to
-    the decode kernel (``decode_route``), so the rule is checked in the same run."""
+    the decode kernel (``decode_route``), so the rule is checked in the same run; ``pre`` (``PrefillGemm``)
+    is timed on dense shapes from ``prefill_route.MIN_PREFILL_TOKENS`` tokens."""
     import torch
 
     import bench_nvfp4_gemm as nb
     from dsv4.kernels.contract import ActQuantRequest, GemmRequest, GroupedGemmRequest
     from dsv4.kernels.cutedsl.sm90.decode_route import use_decode_kernel, use_decode_kernel_grouped
+    from dsv4.kernels.cutedsl.sm90.prefill_route import MIN_PREFILL_TOKENS, use_prefill_gemm
 
     todo = []
     for m in ms:
@@ -234,9 +239,12 @@ def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skip
                 if shape.grouped is None:
                     reqs = [GemmRequest(aq, w, swiglu_limit=limit) for w in ws]
                     measure(row, "fp4", [lambda q=q: be.gemm(q) for q in reqs])
-                    row["fp4_route"] = "decode" if use_decode_kernel(r, shape.n, shape.k) else "generic"
-                    if gen is not None and row["fp4_route"] == "decode":
+                    row["fp4_route"] = ("decode" if use_decode_kernel(r, shape.n, shape.k) else
+                                        "prefill" if use_prefill_gemm(r, shape.n, shape.k) else "generic")
+                    if gen is not None and row["fp4_route"] != "generic":
                         measure(row, "gen", [lambda q=q: gen.gemm(q) for q in reqs])
+                    if pre is not None and r >= MIN_PREFILL_TOKENS and pre.supports(reqs[0]):
+                        measure(row, "pre", [lambda q=q: pre(q, validated=True) for q in reqs])
                     if dec:
                         measure(row, "dec", [lambda q=q: dg(q) for q in reqs])
                 else:
@@ -302,6 +310,9 @@ def weights_phase(rows: list[dict], path: str) -> Iterator[list]:
 
 
 # ---- output -------------------------------------------------------------------------------------------
+PATHS = ("fp4", "dec", "pre")  # the shipped path, the decode kernel, the prefill route
+
+
 def _us(row: dict, key: str) -> str:
     if f"{key}_graph_us" not in row:
         return "-"
@@ -309,12 +320,12 @@ def _us(row: dict, key: str) -> str:
 
 
 def _pair(row: dict, key: str, fmt: str) -> str:
-    return " / ".join("-" if f"{p}_{key}" not in row else fmt.format(row[f"{p}_{key}"]) for p in ("fp4", "dec"))
+    return " / ".join("-" if f"{p}_{key}" not in row else fmt.format(row[f"{p}_{key}"]) for p in PATHS)
 
 
 def _met(row: dict) -> str:
     out = []
-    for p in ("fp4", "dec"):
+    for p in PATHS:
         v = row.get(f"{p}_met", "x")
         out.append("-" if v == "x" or v is None else ("yes" if v else "NO"))
     return " / ".join(out)
@@ -326,18 +337,18 @@ def render(rows: list[dict], hbm: dict, console: Any) -> None:
 
     t = Table(title=f"NVFP4 GEMMs at every Flash/Pro shape, {rows[0]['device'] if rows else ''} "
                     f"(us: kernel-only graph / eager; roofline at {hbm['roofline'] / 1e9:.0f} GB/s)")
-    for c in ("model", "shape", "n x k", "M", "fp4 us", "decode us", "generic us", "bf16 us", "x bf16 fp4/dec",
-              "% roof fp4/dec", "target fp4/dec", "errors"):
+    for c in ("model", "shape", "n x k", "M", "fp4 us", "decode us", "generic us", "prefill us", "bf16 us",
+              "x bf16 fp4/dec/pre", "% roof fp4/dec/pre", "target fp4/dec/pre", "errors"):
         t.add_column(c, justify="left" if c in ("model", "shape", "errors") else "right")
     for r in rows:
         g = r["grouped"]
         extra = (f" ({g[0]}e top-{g[1]}, {r['active']} active)" if g and g[1] else
                  f" ({g[0]} groups)" if g else "") + (" swiglu" if r["swiglu"] else "")
         t.add_row(r["model"], escape(r["shape"] + extra), f"{r['n']}x{r['k']}", str(r["m"]), _us(r, "fp4"), _us(r, "dec"),
-                  _us(r, "gen"), _us(r, "bf16"), _pair(r, "x_bf16", "{:.2f}x"), _pair(r, "roof", "{:.0%}"), _met(r),
+                  _us(r, "gen"), _us(r, "pre"), _us(r, "bf16"), _pair(r, "x_bf16", "{:.2f}x"), _pair(r, "roof", "{:.0%}"), _met(r),
                   str(len(r["errors"])) if r["errors"] else "")
     console.print(t)
-    for p, label in (("fp4", "shipped Sm90Backend"), ("dec", "DecodeGemm")):
+    for p, label in (("fp4", "shipped Sm90Backend"), ("dec", "DecodeGemm"), ("pre", "PrefillGemm")):
         judged = [r for r in rows if r.get(f"{p}_met") is not None]
         log(f"{label}: targets met in {sum(bool(r[f'{p}_met']) for r in judged)} of {len(judged)} rows")
     routed = [r for r in rows if r.get("fp4_route") == "decode" and not math.isnan(r.get("gen_graph_us", math.nan))]
@@ -361,12 +372,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from dsv4.kernels.cutedsl.sm90 import Sm90Backend
     from dsv4.kernels.cutedsl.sm90.decode_launch import DecodeGemm
+    from dsv4.kernels.cutedsl.sm90.prefill_gemm import PrefillGemm
     from parity.console import make_console
 
     t0 = time.time()
     deadline = t0 + args.budget_s
     torch.manual_seed(0)
     be, dg, gen = Sm90Backend("cuda"), DecodeGemm("cuda"), Sm90Backend("cuda", decode_kernel=False)
+    pre = PrefillGemm("cuda")
     device = torch.cuda.get_device_name()
     hbm = measure_hbm()
     log(f"{device}: HBM read {hbm['read_reduce'] / 1e9:.0f} GB/s, copy {hbm['d2d_copy'] / 1e9:.0f} GB/s")
@@ -387,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     for phase in ([m for m in args.m_list if m <= DECODE_MAX], [m for m in args.m_list if m > DECODE_MAX]):
         for s in shapes if phase else []:
             try:
-                new = run_shape(be, dg, s, phase, deadline, skipped, gen)
+                new = run_shape(be, dg, s, phase, deadline, skipped, gen, pre)
             except Exception as e:  # never end the run on one shape
                 new = [{"model": s.model, "shape": s.name, "m": m, "errors": [f"{type(e).__name__}: {e}"[:300]]}
                        for m in phase]
@@ -399,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                 if r.get("skipped"):
                     continue
                 log(f"{s.model} {s.name} M={r['m']}: fp4 {_us(r, 'fp4')} us ({r.get('fp4_route')}), decode "
-                    f"{_us(r, 'dec')} us, generic {_us(r, 'gen')} us, "
+                    f"{_us(r, 'dec')} us, generic {_us(r, 'gen')} us, prefill {_us(r, 'pre')} us, "
                     f"bf16 {_us(r, 'bf16')} us, x bf16 {_pair(r, 'x_bf16', '{:.2f}')}, roof {_pair(r, 'roof', '{:.0%}')}"
                     f"{'  errors: ' + '; '.join(r['errors'])[:300] if r['errors'] else ''} [{time.time() - t0:.0f} s]")
             dump()

@@ -134,3 +134,17 @@ def test_e2m1_decode_ptx_is_bit_exact_in_documented_order():
                 nib = (x >> (4 * i)) & 0xF
                 want = E2M1[nib & 7] * scale * (-1 if nib & 8 else 1)
                 assert float(v) == want and bool(np.signbit(v)) == bool(nib & 8), (hex(x), i)
+
+
+@needs_cutlass
+def test_sm90_prefill_dequant_compiles_to_exact_conversions(sm90_builds):
+    """The prefill route's FP4 -> BF16 kernel: 16 values per block through two exact f16x2 decodes
+    (8 ``mul.rn.f16x2``), 8 ``cvt.rn.bf16x2.f32``, two 16-byte stores; swizzled scales need the row."""
+    for name in ("dequant_bf16_linear", "dequant_bf16_swizzled"):
+        b = sm90_builds[name]
+        assert b.error is None and b.problems() == [], (name, b.problems())
+        c = b.census()
+        assert c[r"mul\.rn\.f16x2"] == 8 and c[r"cvt\.rn\.bf16x2\.f32"] == 8 and c[r"st\.global\.v4\.b32"] == 2
+        assert ".target sm_90a" in b.ptx
+    assert "div" not in sm90_builds["dequant_bf16_linear"].ptx
+    assert re.search(r"div\.[su]32", sm90_builds["dequant_bf16_swizzled"].ptx)

@@ -10,6 +10,7 @@ from ..common import (KernelCache, LaunchResources, capturing, check_align, chec
 from .configs import Launch, dense_launch, grouped_launch
 from .decode_route import use_decode_kernel, use_decode_kernel_grouped
 from .gemm_kernel import GemmConfig, Sm90NvFp4Gemm
+from .prefill_route import use_prefill_gemm
 
 ARCH = "sm_90a"
 INT32_MAX = 2**31 - 1
@@ -56,6 +57,7 @@ class Sm90Backend(LaunchResources):
         self._gemms = KernelCache(scope=("sm90-gemm", str(self.device)))
         self._act = ActQuantRunner(ARCH)
         self._decode_gemm = None  # DecodeGemm, built on the first decode-sized call
+        self._prefill_gemm = None  # PrefillGemm, built on the first prefill-sized call
 
     # ------------------------------------------------------------------ helpers
     def _check_operand(self, op: FP4Operand, name: str, vec: int) -> None:
@@ -87,6 +89,13 @@ class Sm90Backend(LaunchResources):
             self._decode_gemm = DecodeGemm(self.device)
         return self._decode_gemm
 
+    def _prefill(self):
+        if self._prefill_gemm is None:
+            from .prefill_gemm import PrefillGemm
+
+            self._prefill_gemm = PrefillGemm(self.device)
+        return self._prefill_gemm
+
     # ------------------------------------------------------------------ contract methods
     def gemm(self, req: GemmRequest) -> torch.Tensor:
         req.validate()
@@ -96,6 +105,10 @@ class Sm90Backend(LaunchResources):
             dg = self._decoder()
             if dg.supports(req):  # else (unaligned packed data) the generic kernel
                 return dg(req, validated=True)
+        if use_prefill_gemm(m, n, k):
+            pg = self._prefill()
+            if pg.supports(req):  # else (unaligned data, a weight too large to copy) the generic kernel
+                return pg(req, validated=True)
         launch = dense_launch(m, n, k, swiglu=req.swiglu_limit is not None, num_sms=self._sms())
         self._check_operand(a, "a", launch.cfg.vec_bytes)
         self._check_operand(b, "b", launch.cfg.vec_bytes)

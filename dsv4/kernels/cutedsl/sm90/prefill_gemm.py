@@ -1,0 +1,97 @@
+"""``PrefillGemm``: dense NVFP4 GEMMs of prefill size on sm_90a as exact BF16 dequantization + cuBLAS.
+
+At thousands of tokens a GEMM is bound by tensor-core throughput, and the generic kernel, which decodes
+FP4 inside its main loop, reached 0.19-0.49x cuBLAS BF16 at M = 4096 (H200,
+``benchmarks/results/h200_bench_nvfp4_shapes.json``). Here both operands are first dequantized to BF16 by
+``dequant_kernel`` (``e2m1 * e4m3``: exact, no global scale), then cuBLAS multiplies them with FP32
+accumulation (BF16 products are exact in FP32; reduced-precision BF16 reductions are switched off for
+the call), and ``alpha = a.global * b.global`` is applied in FP32 after the product, before the one BF16
+rounding: the contract's arithmetic (``contract.py``), judged by the same bound as every kernel.
+
+``alpha`` goes to cuBLAS as its scalar (one host read of the two global scales, so one stream sync per
+call) and cuBLAS writes BF16. While a CUDA graph is being captured, or with the fused SwiGLU (whose
+gate and up must stay FP32 until the epilogue), cuBLAS writes FP32 instead and the epilogue runs in
+torch: no host read, more memory traffic. The extra memory is one BF16 copy of each operand.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from ...contract import FP4Operand, GemmRequest
+from ..common import KernelCache, capturing, check_cuda, cu_stream, expect, gmem_ptr
+
+ARCH = "sm_90a"
+MAX_BLOCKS = 2**31 - 1            # the kernel's block index is 32-bit
+MAX_BF16_WEIGHT_BYTES = 4 * 2**30  # the dequantized weight (Pro's LM head: 1.85 GB)
+
+
+@contextlib.contextmanager
+def _fp32_reductions():
+    """cuBLAS may reduce split-K partials in BF16 unless told not to; the contract accumulates in FP32."""
+    m = torch.backends.cuda.matmul
+    old = m.allow_bf16_reduced_precision_reduction
+    m.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        m.allow_bf16_reduced_precision_reduction = old
+
+
+class PrefillGemm:
+    """``pg(req)`` for a validated dense ``GemmRequest``; ``pg.dequant(op)`` the BF16 operand alone."""
+
+    def __init__(self, device: torch.device | str = "cuda"):
+        self.device = torch.device(device)
+        self._exes = KernelCache(scope=("sm90-dequant", str(self.device)))
+        self._sms: int | None = None
+
+    def supports(self, req: GemmRequest) -> bool:
+        """Whether this route can take ``req`` (else the generic kernel does): 8-byte aligned packed data,
+        block counts within 32 bits, and a dequantized weight of at most ``MAX_BF16_WEIGHT_BYTES``."""
+        a, b = req.a, req.b
+        return (a.packed.is_cuda and a.packed.data_ptr() % 8 == 0 and b.packed.data_ptr() % 8 == 0
+                and a.rows * (a.k // 16) <= MAX_BLOCKS and b.rows * (b.k // 16) <= MAX_BLOCKS
+                and 2 * b.rows * b.k <= MAX_BF16_WEIGHT_BYTES)
+
+    def dequant(self, op: FP4Operand) -> torch.Tensor:
+        """``e2m1 * e4m3`` of every element as BF16 ``[rows, k]`` (the global scale not applied)."""
+        from cutlass import Int32
+
+        from .dequant_kernel import DequantConfig, compile_dequant, dequant_arg_types
+
+        check_cuda(op.packed, "packed")
+        expect(op.packed.data_ptr() % 8 == 0, "packed data pointer", "8-byte aligned",
+               f"address % 8 = {op.packed.data_ptr() % 8}")
+        blocks = op.rows * (op.k // 16)
+        expect(blocks <= MAX_BLOCKS, "16-element blocks", f"<= {MAX_BLOCKS}", blocks)
+        out = torch.empty(op.rows, op.k, dtype=torch.bfloat16, device=op.packed.device)
+        if blocks == 0:
+            return out
+        cfg = DequantConfig(swizzled=op.scale_layout == "swizzled")
+        exe = self._exes.get((ARCH, cfg), lambda: compile_dequant(cfg, ARCH))
+        if self._sms is None:
+            self._sms = torch.cuda.get_device_properties(op.packed.device).multi_processor_count
+        grid = max(1, min(-(-blocks // 256), 16 * self._sms))
+        ptrs = [gmem_ptr(t, dt, al) for t, (dt, al) in zip((op.packed, op.scales, out), dequant_arg_types())]
+        exe(*ptrs, Int32(op.rows), Int32(op.k), Int32(grid), cu_stream(op.packed.device))
+        return out
+
+    def __call__(self, req: GemmRequest, *, validated: bool = False) -> torch.Tensor:
+        if not validated:
+            req.validate()
+        alpha = req.a.global_scale * req.b.global_scale  # FP32 product, as every kernel forms it
+        host_alpha = req.swiglu_limit is None and not capturing()
+        if host_alpha:
+            alpha_f = float(alpha)  # before the launches below: the sync waits only for earlier work
+        a16 = self.dequant(req.a)
+        w16 = self.dequant(req.b)
+        if host_alpha:
+            out = torch.empty(req.out_shape, dtype=torch.bfloat16, device=a16.device)
+            with _fp32_reductions():
+                return torch.addmm(out, a16, w16.t(), beta=0, alpha=alpha_f, out=out)
+        from ...emulated import _epilogue
+
+        y = torch.mm(a16, w16.t(), out_dtype=torch.float32)
+        return _epilogue(y.mul_(alpha), req.swiglu_limit)
