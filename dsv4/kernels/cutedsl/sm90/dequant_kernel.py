@@ -54,6 +54,13 @@ cvt.rn.bf16x2.f32 {$w0}, b, a;
 }""", write_only_types=[Uint32], read_only_args=[h])
 
 
+def swizzled_scale_offset(row, col, sc_pad):
+    """Byte offset of block scale ``(row, col)`` in the 32_4_4 layout of a matrix with ``sc_pad`` (a
+    multiple of 4) scale columns; plain arithmetic, so the kernel traces it and the tests run it on ints."""
+    return (((row // 128) * (sc_pad // 4) + col // 4) * 512 + (row % 32) * 16
+            + ((row // 32) % 4) * 4 + col % 4)
+
+
 class Sm90Dequant:
     """``launch(packed, scales, out, rows, k, grid, stream)``: ``rows * k / 16`` blocks, ``grid`` CTAs."""
 
@@ -83,8 +90,7 @@ class Sm90Dequant:
             if cutlass.const_expr(cfg.swizzled):
                 row = idx // nbk
                 blk = idx - row * nbk
-                soff = Int64(((row // 128) * (sc_pad // 4) + blk // 4) * 512 + (row % 32) * 16
-                             + ((row // 32) % 4) * 4 + blk % 4)
+                soff = Int64(swizzled_scale_offset(row, blk, sc_pad))
             sc2, _ = e4m3x2_to_f16x2_bcast(_ld_u8(s_base + soff))
             h0, h1, h2, h3 = decode_e2m1x8_pairs(w0, sc2)
             h4, h5, h6, h7 = decode_e2m1x8_pairs(w1, sc2)
