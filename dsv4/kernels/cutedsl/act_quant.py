@@ -24,6 +24,8 @@ import cutlass.cute as cute
 from cutlass import Boolean, Float32, Int32, Int64, Uint32
 from cutlass.cute.arch import inline_ptx
 
+from .scale_offsets import swizzled_scale_offset
+
 THREADS = 128
 FP4_AMAX_PER_GLOBAL = 2688.0  # 6 * 448
 FP32_MIN_NORMAL = 2.0 ** -126
@@ -236,8 +238,7 @@ class ActQuantKernels:
 
     @cute.jit
     def _swz(self, row, col, sc_pad):
-        return (((row // 128) * (sc_pad // 4) + col // 4) * 512 + (row % 32) * 16
-                + ((row // 32) % 4) * 4 + col % 4)
+        return swizzled_scale_offset(row, col, sc_pad)
 
     @cute.jit
     def _quant_block(self, vals, g, six_g, inv_six_g, packed, scales, row, blk, k, sc_pad):

@@ -18,7 +18,7 @@ from ptx_interp import _run_ptx_np  # noqa: E402
 
 pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
 from dsv4.kernels.cutedsl.sm90.decode_ptx import DECODE8_PAIRS  # noqa: E402
-from dsv4.kernels.cutedsl.sm90.dequant_kernel import swizzled_scale_offset  # noqa: E402
+from dsv4.kernels.cutedsl.scale_offsets import swizzled_scale_offset  # noqa: E402
 
 
 def _kernel_model(packed: torch.Tensor, scales_flat: np.ndarray, rows: int, k: int, swizzled: bool) -> torch.Tensor:

@@ -19,6 +19,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 from cutlass.cute.arch import inline_ptx
 
+from ..scale_offsets import swizzled_scale_offset
 from .decode_ptx import decode_e2m1x8_pairs, e4m3x2_to_f16x2_bcast
 
 THREADS = 256
@@ -52,13 +53,6 @@ cvt.f32.f16 a, lo;
 cvt.f32.f16 b, hi;
 cvt.rn.bf16x2.f32 {$w0}, b, a;
 }""", write_only_types=[Uint32], read_only_args=[h])
-
-
-def swizzled_scale_offset(row, col, sc_pad):
-    """Byte offset of block scale ``(row, col)`` in the 32_4_4 layout of a matrix with ``sc_pad`` (a
-    multiple of 4) scale columns; plain arithmetic, so the kernel traces it and the tests run it on ints."""
-    return (((row // 128) * (sc_pad // 4) + col // 4) * 512 + (row % 32) * 16
-            + ((row // 32) % 4) * 4 + col % 4)
 
 
 class Sm90Dequant:
