@@ -148,3 +148,17 @@ def test_sm90_prefill_dequant_compiles_to_exact_conversions(sm90_builds):
         assert ".target sm_90a" in b.ptx
     assert "div" not in sm90_builds["dequant_bf16_linear"].ptx
     assert re.search(r"div\.[su]32", sm90_builds["dequant_bf16_swizzled"].ptx)
+
+
+@needs_cutlass
+def test_sm90_prefill_epilogue_compiles_with_the_generic_kernels_swiglu(sm90_builds):
+    """The prefill route's epilogue: 4 outputs per iteration (16-byte FP32 loads, two bf16x2 converts,
+    one 8-byte store); the SwiGLU form reads gate and up and takes 4 exponentials and 4 IEEE
+    reciprocals, as the generic kernel's ``_store`` does."""
+    plain, sw = sm90_builds["prefill_epilogue"], sm90_builds["prefill_epilogue_swiglu"]
+    for b in (plain, sw):
+        assert b.error is None and b.problems() == [], (b.name, b.problems())
+        assert b.ptx.count("cvt.rn.bf16x2.f32") == 2 and ".target sm_90a" in b.ptx
+    assert plain.ptx.count("ld.global.nc.v4.f32") == 1 and "ex2" not in plain.ptx
+    assert sw.ptx.count("ld.global.nc.v4.f32") == 2
+    assert sw.ptx.count("ex2.approx") == 4 and sw.ptx.count("rcp.rn.f32") == 4

@@ -78,6 +78,37 @@ def test_prefill_gemm_in_a_cuda_graph_matches_the_bound(pg):
     _check_gemm(out, _deq(a), _deq(b), (a.global_scale * b.global_scale).double(), 2048, "prefill in graph")
 
 
+def test_prefill_epilogue_forms_agree_with_the_torch_epilogue(pg):
+    """The epilogue kernel against torch's (``emulated._epilogue``): identical without SwiGLU (one FP32
+    multiply, one BF16 rounding); with SwiGLU within one BF16 ulp (the generic kernel's exponential)."""
+    from dsv4.kernels.emulated import _epilogue
+
+    gen = torch.Generator().manual_seed(11)
+    a, b = _operand(192, 64, gen), _operand(2 * 1024, 64, gen)
+    y = torch.randn(192, 2 * 1024, generator=gen).mul_(8).cuda()
+    alpha = a.global_scale * b.global_scale
+    plain = pg.epilogue(y.clone(), GemmRequest(a, b))
+    assert torch.equal(plain, _epilogue(y * alpha, None))
+    sw = pg.epilogue(y.clone(), GemmRequest(a, b, swiglu_limit=7.0)).double()
+    ref = _epilogue(y * alpha, 7.0).double()
+    ulp = torch.exp2(torch.floor(torch.log2(ref.abs().clamp(min=2.0 ** -126))) - 7)
+    assert bool(((sw - ref).abs() <= ulp).all())
+
+
+def test_prefill_gemm_odd_output_width_takes_the_torch_epilogue_in_a_graph(pg):
+    gen = torch.Generator().manual_seed(13)
+    a, b = _operand(128, 256, gen), _operand(1030, 256, gen)
+    req = GemmRequest(a, b)
+    pg(req)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = pg(req, validated=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    _check_gemm(out, _deq(a), _deq(b), (a.global_scale * b.global_scale).double(), 256, "prefill n=1030 in graph")
+
+
 def test_backend_routes_prefill_sizes_when_in_force(monkeypatch, pg):
     from dsv4.kernels.cutedsl.sm90 import Sm90Backend, backend, prefill_route
 

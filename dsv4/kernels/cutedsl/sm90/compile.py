@@ -1,5 +1,5 @@
 """Pre-flight: compile every sm_90a GEMM shape class the backend can pick and the prefill route's
-dequantization kernel, keeping the PTX."""
+dequantization and epilogue kernels, keeping the PTX."""
 from __future__ import annotations
 
 from ..common import KernelBuild
@@ -32,11 +32,12 @@ def gemm_variants() -> list[tuple[str, object]]:
 
 
 def compile_for_check(names: list[str] | None = None) -> list[KernelBuild]:
-    """Compile each GEMM variant and the dequantization kernel for sm_90a; compile errors become
+    """Compile each GEMM variant and the prefill route's kernels for sm_90a; compile errors become
     ``KernelBuild.error``."""
     from .dequant_kernel import dequant_builds
+    from .epilogue_kernel import epilogue_builds
 
-    builds = [b for b in dequant_builds(ARCH) if names is None or b.name in names]
+    builds = [b for b in (*dequant_builds(ARCH), *epilogue_builds(ARCH)) if names is None or b.name in names]
     for name, cfg in gemm_variants():
         if names is not None and name not in names:
             continue

@@ -10,8 +10,9 @@ rounding: the contract's arithmetic (``contract.py``), judged by the same bound 
 
 ``alpha`` goes to cuBLAS as its scalar (one host read of the two global scales, so one stream sync per
 call) and cuBLAS writes BF16. While a CUDA graph is being captured, or with the fused SwiGLU (whose
-gate and up must stay FP32 until the epilogue), cuBLAS writes FP32 instead and the epilogue runs in
-torch: no host read, more memory traffic. The extra memory is one BF16 copy of each operand.
+gate and up must stay FP32 until the epilogue), cuBLAS writes FP32 instead and one kernel pass
+(``epilogue_kernel``: alpha from the two device scalars, SwiGLU as the generic kernel computes it, BF16)
+finishes: no host read, more memory traffic. The extra memory is one BF16 copy of each operand.
 """
 from __future__ import annotations
 
@@ -71,9 +72,7 @@ class PrefillGemm:
             return out
         cfg = DequantConfig(swizzled=op.scale_layout == "swizzled")
         exe = self._exes.get((ARCH, cfg), lambda: compile_dequant(cfg, ARCH))
-        if self._sms is None:
-            self._sms = torch.cuda.get_device_properties(op.packed.device).multi_processor_count
-        grid = max(1, min(-(-blocks // 256), 16 * self._sms))
+        grid = max(1, min(-(-blocks // 256), 16 * self._sm_count(op.packed.device)))
         ptrs = [gmem_ptr(t, dt, al) for t, (dt, al) in zip((op.packed, op.scales, out), dequant_arg_types())]
         exe(*ptrs, Int32(op.rows), Int32(op.k), Int32(grid), cu_stream(op.packed.device))
         return out
@@ -91,7 +90,34 @@ class PrefillGemm:
             out = torch.empty(req.out_shape, dtype=torch.bfloat16, device=a16.device)
             with _fp32_reductions():
                 return torch.addmm(out, a16, w16.t(), beta=0, alpha=alpha_f, out=out)
-        from ...emulated import _epilogue
-
         y = torch.mm(a16, w16.t(), out_dtype=torch.float32)
-        return _epilogue(y.mul_(alpha), req.swiglu_limit)
+        return self.epilogue(y, req)
+
+    def epilogue(self, y: torch.Tensor, req: GemmRequest) -> torch.Tensor:
+        """FP32 ``y`` -> ``alpha * y`` -> optional SwiGLU -> BF16 in one kernel pass (``epilogue_kernel``,
+        the generic kernel's arithmetic); with an output width not a multiple of 4, torch's epilogue."""
+        from cutlass import Float32, Int32
+
+        from .epilogue_kernel import EpilogueConfig, compile_epilogue, epilogue_arg_types
+
+        m, n_out = req.out_shape
+        if n_out % 4 or m * (n_out // 4) > MAX_BLOCKS or y.data_ptr() % 16:
+            from ...emulated import _epilogue
+
+            return _epilogue(y.mul_(req.a.global_scale * req.b.global_scale), req.swiglu_limit)
+        out = torch.empty(m, n_out, dtype=torch.bfloat16, device=y.device)
+        if m == 0 or n_out == 0:
+            return out
+        cfg = EpilogueConfig(swiglu=req.swiglu_limit is not None)
+        exe = self._exes.get((ARCH, cfg), lambda: compile_epilogue(cfg, ARCH))
+        grid = max(1, min(-(-(m * n_out // 4) // 256), 16 * self._sm_count(y.device)))
+        ptrs = [gmem_ptr(t, dt, al) for t, (dt, al) in
+                zip((y, req.a.global_scale, req.b.global_scale, out), epilogue_arg_types())]
+        limit = float(req.swiglu_limit) if req.swiglu_limit is not None else 0.0
+        exe(*ptrs, Int32(m), Int32(n_out), Float32(limit), Int32(grid), cu_stream(y.device))
+        return out
+
+    def _sm_count(self, device: torch.device) -> int:
+        if self._sms is None:
+            self._sms = torch.cuda.get_device_properties(device).multi_processor_count
+        return self._sms
