@@ -23,12 +23,15 @@ def _op(rows: int, k: int, seed: int) -> FP4Operand:
 def test_host_path_scales_once_and_ignores_the_output_buffer(monkeypatch):
     pg = prefill_gemm.PrefillGemm("cpu")
     monkeypatch.setattr(pg, "dequant", lambda op: nvfp4_dequantize(op.packed, op.scales, 1.0).to(torch.bfloat16))
+    warmed = []
+    monkeypatch.setattr(pg, "_warm_epilogues", warmed.append)  # the CUDA epilogue kernels: GPU tests
     real_empty = torch.empty  # the output buffer PrefillGemm allocates comes back NaN-filled: beta = 0 must not read it
     monkeypatch.setattr(torch, "empty", lambda *s, **kw: real_empty(*s, **kw).fill_(float("nan")))
     a, b = _op(8, 64, 1), _op(24, 64, 2)
     before = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
     got = pg(GemmRequest(a, b))
     assert torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction == before
+    assert warmed == [a.packed.device]  # an eager call prepares the capture-safe form for later graphs
     assert got.dtype == torch.bfloat16 and tuple(got.shape) == (8, 24) and not got.isnan().any()
     da, db = (nvfp4_dequantize(o.packed, o.scales, 1.0).double() for o in (a, b))
     want = (da @ db.T) * float(a.global_scale * b.global_scale)

@@ -95,6 +95,21 @@ def test_prefill_epilogue_forms_agree_with_the_torch_epilogue(pg):
     assert bool(((sw - ref).abs() <= ulp).all())
 
 
+def test_a_first_call_inside_a_capture_is_refused_with_a_clear_error(pg):  # pg: skips without cutlass
+    from dsv4.kernels.contract import KernelContractError
+    from dsv4.kernels.cutedsl.sm90.prefill_gemm import PrefillGemm
+
+    fresh = PrefillGemm("cuda")
+    fresh._warm = False
+    gen = torch.Generator().manual_seed(17)
+    req = GemmRequest(_operand(64, 128, gen), _operand(256, 128, gen))
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(KernelContractError, match="outside the capture"):
+        with torch.cuda.graph(graph):
+            fresh(req, validated=True)
+
+
 def test_prefill_gemm_odd_output_width_takes_the_torch_epilogue_in_a_graph(pg):
     gen = torch.Generator().manual_seed(13)
     a, b = _operand(128, 256, gen), _operand(1030, 256, gen)

@@ -20,7 +20,7 @@ import contextlib
 
 import torch
 
-from ...contract import FP4Operand, GemmRequest
+from ...contract import FP4Operand, GemmRequest, KernelContractError
 from ..common import KernelCache, capturing, check_cuda, cu_stream, expect, gmem_ptr
 
 ARCH = "sm_90a"
@@ -47,6 +47,7 @@ class PrefillGemm:
         self.device = torch.device(device)
         self._exes = KernelCache(scope=("sm90-dequant", str(self.device)))
         self._sms: int | None = None
+        self._warm = False  # both epilogue forms compiled and loaded (_warm_epilogues)
 
     def supports(self, req: GemmRequest) -> bool:
         """Whether this route can take ``req`` (else the generic kernel does): 8-byte aligned packed data,
@@ -81,7 +82,13 @@ class PrefillGemm:
         if not validated:
             req.validate()
         alpha = req.a.global_scale * req.b.global_scale  # FP32 product, as every kernel forms it
-        host_alpha = req.swiglu_limit is None and not capturing()
+        in_capture = capturing()
+        if not in_capture:
+            self._warm_epilogues(req.a.packed.device)
+        elif not self._warm:  # before any launch: nothing half-captured
+            raise KernelContractError("PrefillGemm inside CUDA-graph capture: call it once outside the capture "
+                                      "first (its kernels compile and load then)")
+        host_alpha = req.swiglu_limit is None and not in_capture
         if host_alpha:
             alpha_f = float(alpha)  # before the launches below: the sync waits only for earlier work
         a16 = self.dequant(req.a)
@@ -96,26 +103,43 @@ class PrefillGemm:
     def epilogue(self, y: torch.Tensor, req: GemmRequest) -> torch.Tensor:
         """FP32 ``y`` -> ``alpha * y`` -> optional SwiGLU -> BF16 in one kernel pass (``epilogue_kernel``,
         the generic kernel's arithmetic); with an output width not a multiple of 4, torch's epilogue."""
-        from cutlass import Float32, Int32
-
-        from .epilogue_kernel import EpilogueConfig, compile_epilogue, epilogue_arg_types
-
         m, n_out = req.out_shape
         if n_out % 4 or m * (n_out // 4) > MAX_BLOCKS or y.data_ptr() % 16:
             from ...emulated import _epilogue
 
             return _epilogue(y.mul_(req.a.global_scale * req.b.global_scale), req.swiglu_limit)
+        return self._launch_epilogue(y, req.a.global_scale, req.b.global_scale, m, n_out, req.swiglu_limit)
+
+    def _launch_epilogue(self, y: torch.Tensor, g_a: torch.Tensor, g_b: torch.Tensor, m: int, n_out: int,
+                         limit: float | None) -> torch.Tensor:
+        from cutlass import Float32, Int32
+
+        from .epilogue_kernel import EpilogueConfig, compile_epilogue, epilogue_arg_types
+
         out = torch.empty(m, n_out, dtype=torch.bfloat16, device=y.device)
         if m == 0 or n_out == 0:
             return out
-        cfg = EpilogueConfig(swiglu=req.swiglu_limit is not None)
+        cfg = EpilogueConfig(swiglu=limit is not None)
+        if capturing() and not self._warm:
+            raise KernelContractError("PrefillGemm inside CUDA-graph capture: call it once outside the capture "
+                                      "first (its kernels compile and load then)")
         exe = self._exes.get((ARCH, cfg), lambda: compile_epilogue(cfg, ARCH))
         grid = max(1, min(-(-(m * n_out // 4) // 256), 16 * self._sm_count(y.device)))
-        ptrs = [gmem_ptr(t, dt, al) for t, (dt, al) in
-                zip((y, req.a.global_scale, req.b.global_scale, out), epilogue_arg_types())]
-        limit = float(req.swiglu_limit) if req.swiglu_limit is not None else 0.0
-        exe(*ptrs, Int32(m), Int32(n_out), Float32(limit), Int32(grid), cu_stream(y.device))
+        ptrs = [gmem_ptr(t, dt, al) for t, (dt, al) in zip((y, g_a, g_b, out), epilogue_arg_types())]
+        exe(*ptrs, Int32(m), Int32(n_out), Float32(float(limit) if limit is not None else 0.0), Int32(grid),
+            cu_stream(y.device))
         return out
+
+    def _warm_epilogues(self, device: torch.device) -> None:
+        """Compile, load and launch both epilogue forms once, outside any capture: the eager form of a call
+        does not use them, and a graph captured later must not be the first to load them."""
+        if self._warm:
+            return
+        one = torch.ones((), dtype=torch.float32, device=device)
+        y = torch.zeros(1, 8, dtype=torch.float32, device=device)
+        self._launch_epilogue(y, one, one, 1, 8, None)
+        self._launch_epilogue(y, one, one, 1, 4, 1.0)
+        self._warm = True
 
     def _sm_count(self, device: torch.device) -> int:
         if self._sms is None:
