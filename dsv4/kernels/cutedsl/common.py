@@ -174,6 +174,29 @@ def compile_executor(fn, *args, arch: str):
     return cute.compile(fn, *args, options=f"--gpu-arch {arch}")
 
 
+def compile_placeholder(fn, arg_types, scalars, *, arch: str, keep_ptx: bool = False):
+    """Compile the ``@cute.jit`` launcher ``fn`` with placeholder pointers (``arg_types``: (dtype, assumed
+    alignment) per pointer argument, in order), then ``scalars`` and a null stream; runtime values are
+    arguments, so one compile serves every shape. ``keep_ptx``: as ``compile_with_ptx``."""
+    import cuda.bindings.driver as cuda
+
+    args = (fn, *[fake_gmem_ptr(dt, al) for dt, al in arg_types], *scalars, cuda.CUstream(0))
+    if keep_ptx:
+        return compile_with_ptx(*args, arch=arch)
+    return compile_executor(*args, arch=arch)
+
+
+def check_build(name: str, arch: str, compile_ptx: Callable[[], tuple], required: list[str],
+                forbidden: list[str]) -> KernelBuild:
+    """A pre-flight ``KernelBuild`` from ``compile_ptx() -> (executor, ptx, seconds)``; a compile error
+    becomes ``KernelBuild.error``."""
+    try:
+        _, ptx, secs = compile_ptx()
+        return KernelBuild(name, arch, ptx, secs, list(required), list(forbidden))
+    except Exception as e:
+        return KernelBuild(name, arch, "", 0.0, list(required), list(forbidden), error=f"{type(e).__name__}: {e}")
+
+
 class LaunchResources:
     """Per-device state of a GEMM launcher (``self.device``): the SM count, read once, and zeroed
     int32 split-K tile counters, grown on demand (the kernels leave them zero after every launch)."""

@@ -31,6 +31,19 @@ def pg():
     return PrefillGemm("cuda")
 
 
+def _replayed(pg, req: GemmRequest) -> torch.Tensor:
+    """``pg(req)`` captured in a CUDA graph after one eager call (compiles and loads outside the capture),
+    replayed once."""
+    pg(req)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = pg(req, validated=True)
+    graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 @pytest.mark.parametrize("layout", ["linear", "swizzled"])
 @pytest.mark.parametrize("rows,k", [(1, 16), (300, 4112), (129, 7168)])
 def test_dequant_is_e2m1_times_e4m3_bit_for_bit(pg, layout, rows, k):
@@ -67,14 +80,7 @@ def test_prefill_gemm_fused_swiglu_within_the_bound(pg):
 def test_prefill_gemm_in_a_cuda_graph_matches_the_bound(pg):
     gen = torch.Generator().manual_seed(9)
     a, b = _operand(256, 2048, gen), _operand(1024, 2048, gen)
-    req = GemmRequest(a, b)
-    pg(req)  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = pg(req, validated=True)
-    graph.replay()
-    torch.cuda.synchronize()
+    out = _replayed(pg, GemmRequest(a, b))
     _check_gemm(out, _deq(a), _deq(b), (a.global_scale * b.global_scale).double(), 2048, "prefill in graph")
 
 
@@ -113,14 +119,7 @@ def test_a_first_call_inside_a_capture_is_refused_with_a_clear_error(pg):  # pg:
 def test_prefill_gemm_odd_output_width_takes_the_torch_epilogue_in_a_graph(pg):
     gen = torch.Generator().manual_seed(13)
     a, b = _operand(128, 256, gen), _operand(1030, 256, gen)
-    req = GemmRequest(a, b)
-    pg(req)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = pg(req, validated=True)
-    graph.replay()
-    torch.cuda.synchronize()
+    out = _replayed(pg, GemmRequest(a, b))
     _check_gemm(out, _deq(a), _deq(b), (a.global_scale * b.global_scale).double(), 256, "prefill n=1030 in graph")
 
 

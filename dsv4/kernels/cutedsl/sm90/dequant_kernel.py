@@ -101,15 +101,10 @@ def dequant_arg_types():
 
 def compile_dequant(cfg: DequantConfig, arch: str = "sm_90a", *, keep_ptx: bool = False):
     """Compile with placeholder pointers; rows, K and the grid are runtime arguments."""
-    import cuda.bindings.driver as cuda
+    from ..common import compile_placeholder
 
-    from ..common import compile_executor, compile_with_ptx, fake_gmem_ptr
-
-    ptrs = [fake_gmem_ptr(dt, al) for dt, al in dequant_arg_types()]
-    args = (Sm90Dequant(cfg).launch, *ptrs, Int32(1), Int32(16), Int32(1), cuda.CUstream(0))
-    if keep_ptx:
-        return compile_with_ptx(*args, arch=arch)
-    return compile_executor(*args, arch=arch)
+    return compile_placeholder(Sm90Dequant(cfg).launch, dequant_arg_types(), (Int32(1), Int32(16), Int32(1)),
+                               arch=arch, keep_ptx=keep_ptx)
 
 
 # Exact conversions only: the f16x2 block-scale multiply round-to-nearest without flush, no FP4 cvt
@@ -119,16 +114,9 @@ DEQUANT_FORBIDDEN = [r"cvt\.[a-z0-9.]*e2m1x2", r"\.approx", r"mul\.[a-z0-9.]*ftz
 
 
 def dequant_builds(arch: str = "sm_90a"):
-    """Pre-flight builds (``KernelBuild``) of both scale layouts; compile errors become ``.error``."""
-    from ..common import KernelBuild
+    """Pre-flight builds (``KernelBuild``) of both scale layouts."""
+    from ..common import check_build
 
-    builds = []
-    for sw in (False, True):
-        name = f"dequant_bf16_{'swizzled' if sw else 'linear'}"
-        try:
-            _, ptx, secs = compile_dequant(DequantConfig(sw), arch, keep_ptx=True)
-            builds.append(KernelBuild(name, arch, ptx, secs, list(DEQUANT_REQUIRED), list(DEQUANT_FORBIDDEN)))
-        except Exception as e:
-            builds.append(KernelBuild(name, arch, "", 0.0, list(DEQUANT_REQUIRED), list(DEQUANT_FORBIDDEN),
-                                      error=f"{type(e).__name__}: {e}"))
-    return builds
+    return [check_build(f"dequant_bf16_{'swizzled' if sw else 'linear'}", arch,
+                        lambda sw=sw: compile_dequant(DequantConfig(sw), arch, keep_ptx=True),
+                        DEQUANT_REQUIRED, DEQUANT_FORBIDDEN) for sw in (False, True)]

@@ -86,15 +86,10 @@ def epilogue_arg_types():
 
 def compile_epilogue(cfg: EpilogueConfig, arch: str = "sm_90a", *, keep_ptx: bool = False):
     """Compile with placeholder pointers; M, n_out, the limit and the grid are runtime arguments."""
-    import cuda.bindings.driver as cuda
+    from ..common import compile_placeholder
 
-    from ..common import compile_executor, compile_with_ptx, fake_gmem_ptr
-
-    ptrs = [fake_gmem_ptr(dt, al) for dt, al in epilogue_arg_types()]
-    args = (Sm90Epilogue(cfg).launch, *ptrs, Int32(1), Int32(4), Float32(1.0), Int32(1), cuda.CUstream(0))
-    if keep_ptx:
-        return compile_with_ptx(*args, arch=arch)
-    return compile_executor(*args, arch=arch)
+    return compile_placeholder(Sm90Epilogue(cfg).launch, epilogue_arg_types(),
+                               (Int32(1), Int32(4), Float32(1.0), Int32(1)), arch=arch, keep_ptx=keep_ptx)
 
 
 EPILOGUE_REQUIRED = [r"cvt\.rn\.bf16x2\.f32", r"ld\.global\.nc\.v4\.f32", r"st\.global\.v2\.b32"]
@@ -102,16 +97,9 @@ EPILOGUE_FORBIDDEN = [r"div\.approx", r"cvt\.[a-z0-9.]*e2m1x2", r"tcgen05"]
 
 
 def epilogue_builds(arch: str = "sm_90a"):
-    """Pre-flight builds (``KernelBuild``) of both forms; compile errors become ``.error``."""
-    from ..common import KernelBuild
+    """Pre-flight builds (``KernelBuild``) of both forms."""
+    from ..common import check_build
 
-    builds = []
-    for sw in (False, True):
-        name = f"prefill_epilogue{'_swiglu' if sw else ''}"
-        try:
-            _, ptx, secs = compile_epilogue(EpilogueConfig(sw), arch, keep_ptx=True)
-            builds.append(KernelBuild(name, arch, ptx, secs, list(EPILOGUE_REQUIRED), list(EPILOGUE_FORBIDDEN)))
-        except Exception as e:
-            builds.append(KernelBuild(name, arch, "", 0.0, list(EPILOGUE_REQUIRED), list(EPILOGUE_FORBIDDEN),
-                                      error=f"{type(e).__name__}: {e}"))
-    return builds
+    return [check_build(f"prefill_epilogue{'_swiglu' if sw else ''}", arch,
+                        lambda sw=sw: compile_epilogue(EpilogueConfig(sw), arch, keep_ptx=True),
+                        EPILOGUE_REQUIRED, EPILOGUE_FORBIDDEN) for sw in (False, True)]

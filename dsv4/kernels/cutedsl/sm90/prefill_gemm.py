@@ -21,7 +21,7 @@ import contextlib
 import torch
 
 from ...contract import FP4Operand, GemmRequest, KernelContractError
-from ..common import KernelCache, capturing, check_cuda, cu_stream, expect, gmem_ptr
+from ..common import KernelCache, LaunchResources, capturing, check_cuda, cu_stream, expect, gmem_ptr
 
 ARCH = "sm_90a"
 MAX_BLOCKS = 2**31 - 1            # the kernel's block index is 32-bit
@@ -40,13 +40,12 @@ def _fp32_reductions():
         m.allow_bf16_reduced_precision_reduction = old
 
 
-class PrefillGemm:
+class PrefillGemm(LaunchResources):
     """``pg(req)`` for a validated dense ``GemmRequest``; ``pg.dequant(op)`` the BF16 operand alone."""
 
     def __init__(self, device: torch.device | str = "cuda"):
         self.device = torch.device(device)
         self._exes = KernelCache(scope=("sm90-dequant", str(self.device)))
-        self._sms: int | None = None
         self._warm = False  # both epilogue forms compiled and loaded (_warm_epilogues)
 
     def supports(self, req: GemmRequest) -> bool:
@@ -73,7 +72,7 @@ class PrefillGemm:
             return out
         cfg = DequantConfig(swizzled=op.scale_layout == "swizzled")
         exe = self._exes.get((ARCH, cfg), lambda: compile_dequant(cfg, ARCH))
-        grid = max(1, min(-(-blocks // 256), 16 * self._sm_count(op.packed.device)))
+        grid = max(1, min(-(-blocks // 256), 16 * self._sms()))
         ptrs = [gmem_ptr(t, dt, al) for t, (dt, al) in zip((op.packed, op.scales, out), dequant_arg_types())]
         exe(*ptrs, Int32(op.rows), Int32(op.k), Int32(grid), cu_stream(op.packed.device))
         return out
@@ -124,7 +123,7 @@ class PrefillGemm:
             raise KernelContractError("PrefillGemm inside CUDA-graph capture: call it once outside the capture "
                                       "first (its kernels compile and load then)")
         exe = self._exes.get((ARCH, cfg), lambda: compile_epilogue(cfg, ARCH))
-        grid = max(1, min(-(-(m * n_out // 4) // 256), 16 * self._sm_count(y.device)))
+        grid = max(1, min(-(-(m * n_out // 4) // 256), 16 * self._sms()))
         ptrs = [gmem_ptr(t, dt, al) for t, (dt, al) in zip((y, g_a, g_b, out), epilogue_arg_types())]
         exe(*ptrs, Int32(m), Int32(n_out), Float32(float(limit) if limit is not None else 0.0), Int32(grid),
             cu_stream(y.device))
@@ -140,8 +139,3 @@ class PrefillGemm:
         self._launch_epilogue(y, one, one, 1, 8, None)
         self._launch_epilogue(y, one, one, 1, 4, 1.0)
         self._warm = True
-
-    def _sm_count(self, device: torch.device) -> int:
-        if self._sms is None:
-            self._sms = torch.cuda.get_device_properties(device).multi_processor_count
-        return self._sms
