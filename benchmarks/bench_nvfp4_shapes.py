@@ -49,6 +49,7 @@ from typing import Any, Iterator
 HERE = Path(__file__).resolve().parent
 MS = (1, 4, 16, 64, 512, 4096)
 DECODE_MAX = 16
+PRE_FROM = 64                        # PrefillGemm timed from here, below its route threshold too
 SWIGLU_LIMIT = 10.0                  # the configs' swiglu_limit
 COPY_CAP_BYTES = 48 * 2**30          # weight copies of one case (one path at a time) stay under this
 NEEDS = "needs an sm_90 (Hopper) GPU"
@@ -193,15 +194,16 @@ def copies(per_active: int, active_min: int, bank: int) -> int:
 def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skipped: list[str],
               gen: Any = None, pre: Any = None) -> list[dict]:
     """Every M of one shape: the FP4 paths first (their weights freed), then the BF16 baseline. ``gen``
-    (``Sm90Backend(decode_kernel=False)``) times the generic kernel wherever ``be`` routes the call to
-    the decode kernel (``decode_route``), so the rule is checked in the same run; ``pre`` (``PrefillGemm``)
-    is timed on dense shapes from ``prefill_route.MIN_PREFILL_TOKENS`` tokens."""
+    (``Sm90Backend(routes=False)``) times the generic kernel wherever ``be`` routes the call to
+    the decode kernel (``decode_route``) or ``PrefillGemm`` (``prefill_route``), so each rule is checked in
+    the same run; ``pre`` (``PrefillGemm``) is timed on every dense shape from ``PRE_FROM`` tokens, below
+    the route's own threshold too, so the crossover is measured, not assumed."""
     import torch
 
     import bench_nvfp4_gemm as nb
     from dsv4.kernels.contract import ActQuantRequest, GemmRequest, GroupedGemmRequest
     from dsv4.kernels.cutedsl.sm90.decode_route import use_decode_kernel, use_decode_kernel_grouped
-    from dsv4.kernels.cutedsl.sm90.prefill_route import MIN_PREFILL_TOKENS, use_prefill_gemm
+    from dsv4.kernels.cutedsl.sm90.prefill_route import use_prefill_gemm
 
     todo = []
     for m in ms:
@@ -243,7 +245,7 @@ def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skip
                                         "prefill" if use_prefill_gemm(r, shape.n, shape.k) else "generic")
                     if gen is not None and row["fp4_route"] != "generic":
                         measure(row, "gen", [lambda q=q: gen.gemm(q) for q in reqs])
-                    if pre is not None and r >= MIN_PREFILL_TOKENS and pre.supports(reqs[0]):
+                    if pre is not None and r >= PRE_FROM and pre.supports(reqs[0]):
                         measure(row, "pre", [lambda q=q: pre(q, validated=True) for q in reqs])
                     if dec:
                         measure(row, "dec", [lambda q=q: dg(q) for q in reqs])
@@ -351,12 +353,19 @@ def render(rows: list[dict], hbm: dict, console: Any) -> None:
     for p, label in (("fp4", "shipped Sm90Backend"), ("dec", "DecodeGemm"), ("pre", "PrefillGemm")):
         judged = [r for r in rows if r.get(f"{p}_met") is not None]
         log(f"{label}: targets met in {sum(bool(r[f'{p}_met']) for r in judged)} of {len(judged)} rows")
-    routed = [r for r in rows if r.get("fp4_route") == "decode" and not math.isnan(r.get("gen_graph_us", math.nan))]
-    faster = [r for r in routed if r["fp4_graph_us"] < r["gen_graph_us"]]
-    log(f"routed to the decode kernel: faster than the generic kernel (kernel-only) in {len(faster)} of "
-        f"{len(routed)} rows; slower: " + ", ".join(f"{r['model']} {r['shape']} M={r['m']} "
-                                                  f"{r['fp4_graph_us']:.1f} vs {r['gen_graph_us']:.1f} us"
-                                                  for r in routed if r not in faster))
+    for route, kernel in (("decode", "the decode kernel"), ("prefill", "PrefillGemm")):
+        routed = [r for r in rows if r.get("fp4_route") == route and not math.isnan(r.get("gen_graph_us", math.nan))]
+        faster = [r for r in routed if r["fp4_graph_us"] < r["gen_graph_us"]]
+        log(f"routed to {kernel}: faster than the generic kernel (kernel-only) in {len(faster)} of "
+            f"{len(routed)} rows; slower: " + ", ".join(f"{r['model']} {r['shape']} M={r['m']} "
+                                                      f"{r['fp4_graph_us']:.1f} vs {r['gen_graph_us']:.1f} us"
+                                                      for r in routed if r not in faster))
+    # where the rule kept the generic kernel, would PrefillGemm have been faster?
+    kept = [r for r in rows if r.get("fp4_route") == "generic" and not math.isnan(r.get("pre_graph_us", math.nan))]
+    missed = [r for r in kept if r["pre_graph_us"] < r["fp4_graph_us"]]
+    log(f"kept on the generic kernel with PrefillGemm timed: PrefillGemm faster in {len(missed)} of {len(kept)} rows"
+        + (": " + ", ".join(f"{r['model']} {r['shape']} M={r['m']} {r['pre_graph_us']:.1f} vs "
+                            f"{r['fp4_graph_us']:.1f} us" for r in missed) if missed else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -378,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     deadline = t0 + args.budget_s
     torch.manual_seed(0)
-    be, dg, gen = Sm90Backend("cuda"), DecodeGemm("cuda"), Sm90Backend("cuda", decode_kernel=False)
+    be, dg, gen = Sm90Backend("cuda"), DecodeGemm("cuda"), Sm90Backend("cuda", routes=False)
     pre = PrefillGemm("cuda")
     device = torch.cuda.get_device_name()
     hbm = measure_hbm()

@@ -23,7 +23,8 @@
 #   shapes    benchmarks/bench_nvfp4_shapes.py: every Flash / Pro GEMM shape, M 1..4096, NVFP4 vs cuBLAS BF16
 #             (DSV4_SHAPES_MODELS, default flash,pro; DSV4_SHAPES_BUDGET s, default 470; one call)
 #   prefill   the prefill route's GPU tests (PrefillGemm: exact BF16 dequantization + cuBLAS), then
-#             bench_nvfp4_shapes.py at M 64, 512, 4096 (the route timed beside the generic kernel and BF16)
+#             bench_nvfp4_shapes.py at M 64, 128, 256, 512, 1024, 4096 (the route timed beside the generic
+#             kernel and BF16, so its threshold is read from one run)
 #   kernel-profile: the sm_90a decode GEMM's own tests, its controlled variants
 #             (benchmarks/profile_sm90_decode_gemm.py) and Nsight Compute sections of its launches
 set -u
@@ -91,7 +92,7 @@ run_part() {
     step pytest_prefill 180 python3 -m pytest -q -rs -p no:cacheprovider tests/dsv4/kernels/test_sm90_prefill_gemm_gpu.py \
         tests/dsv4/kernels/test_sm90_prefill_route.py --junitxml="$RES/pytest_prefill.xml"
     step nvfp4_shapes_prefill 330 python3 benchmarks/bench_nvfp4_shapes.py --models "${DSV4_SHAPES_MODELS:-flash,pro}" \
-        --ms 64,512,4096 --budget-s "${DSV4_SHAPES_BUDGET:-250}" --json "$RES/bench_nvfp4_shapes_prefill.json"
+        --ms 64,128,256,512,1024,4096 --budget-s "${DSV4_SHAPES_BUDGET:-250}" --json "$RES/bench_nvfp4_shapes_prefill.json"
     if [ -n "${OUT:-}" ]; then cp "$RES/bench_nvfp4_shapes_prefill.json" "$OUT/" 2>/dev/null; fi ;;
   kernel-profile)
     step profile_decode_gemm 120 python3 benchmarks/profile_sm90_decode_gemm.py --json "$RES/profile_decode_gemm.json"

@@ -49,11 +49,11 @@ class Sm90Backend(LaunchResources):
 
     name = "cutedsl_sm90"
 
-    def __init__(self, device: torch.device | str = "cuda", *, decode_kernel: bool = True):
-        """``decode_kernel=False``: every GEMM through the generic kernel (``decode_route`` decides
-        otherwise; the benches time both)."""
+    def __init__(self, device: torch.device | str = "cuda", *, routes: bool = True):
+        """``routes=False``: every GEMM through the generic kernel (``decode_route`` and
+        ``prefill_route`` decide otherwise; the benches time both)."""
         self.device = torch.device(device)
-        self.decode_kernel = decode_kernel
+        self.routes = routes
         self._gemms = KernelCache(scope=("sm90-gemm", str(self.device)))
         self._act = ActQuantRunner(ARCH)
         self._decode_gemm = None  # DecodeGemm, built on the first decode-sized call
@@ -101,11 +101,11 @@ class Sm90Backend(LaunchResources):
         req.validate()
         a, b = req.a, req.b
         m, n, k = a.rows, b.rows, a.k
-        if self.decode_kernel and use_decode_kernel(m, n, k):
+        if self.routes and use_decode_kernel(m, n, k):
             dg = self._decoder()
             if dg.supports(req):  # else (unaligned packed data) the generic kernel
                 return dg(req, validated=True)
-        if use_prefill_gemm(m, n, k):
+        if self.routes and use_prefill_gemm(m, n, k):
             pg = self._prefill()
             if pg.supports(req):  # else (unaligned data, a weight too large to copy) the generic kernel
                 return pg(req, validated=True)
@@ -125,7 +125,7 @@ class Sm90Backend(LaunchResources):
         req.validate(check_values=check_values and not capturing())
         a, b = req.a, req.b
         e, n, k, m = req.num_experts, req.n_per_expert, a.k, a.rows
-        if self.decode_kernel and use_decode_kernel_grouped(m, e, n, k):
+        if self.routes and use_decode_kernel_grouped(m, e, n, k):
             dg = self._decoder()
             if dg.supports_grouped(req):
                 return dg.grouped(req, validated=True)
