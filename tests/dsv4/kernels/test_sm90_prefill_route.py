@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from dsv4.kernels.cutedsl.sm90 import prefill_route
 from dsv4.kernels.cutedsl.sm90.decode_route import MAX_DECODE_TOKENS
-from dsv4.kernels.cutedsl.sm90.prefill_route import MIN_PREFILL_TOKENS, use_prefill_gemm
+from dsv4.kernels.cutedsl.sm90.prefill_route import (ALL_WEIGHTS_FROM_TOKENS, MIN_PREFILL_TOKENS,
+                                                      SMALL_WEIGHT_ELEMENTS, use_prefill_gemm)
 
 
 def test_prefill_route_starts_above_the_decode_sizes():
-    assert MIN_PREFILL_TOKENS > MAX_DECODE_TOKENS
+    assert MAX_DECODE_TOKENS < MIN_PREFILL_TOKENS < ALL_WEIGHTS_FROM_TOKENS
 
 
 def test_prefill_route_takes_prefill_sizes_only_when_in_force(monkeypatch):
@@ -17,3 +18,14 @@ def test_prefill_route_takes_prefill_sizes_only_when_in_force(monkeypatch):
     assert not use_prefill_gemm(4096, 4096, 7176)  # K not a multiple of 16: not an NVFP4 operand
     monkeypatch.setattr(prefill_route, "PREFILL_ROUTE", False)
     assert not use_prefill_gemm(4096, 65536, 1536)
+
+
+def test_large_weights_wait_for_enough_tokens(monkeypatch):
+    """The LM head (129,280 x 7,168) at 64 tokens was 3.3x slower through the route: it needs
+    ALL_WEIGHTS_FROM_TOKENS; a weight of SMALL_WEIGHT_ELEMENTS takes the route from the start."""
+    monkeypatch.setattr(prefill_route, "PREFILL_ROUTE", True)
+    assert not use_prefill_gemm(64, 129280, 7168)
+    assert not use_prefill_gemm(ALL_WEIGHTS_FROM_TOKENS - 1, 129280, 7168)
+    assert use_prefill_gemm(ALL_WEIGHTS_FROM_TOKENS, 129280, 7168)
+    assert use_prefill_gemm(64, 8192, 1536) and 8192 * 1536 == SMALL_WEIGHT_ELEMENTS
+    assert not use_prefill_gemm(64, 8192, 1552)  # one block of 16 past the bound
