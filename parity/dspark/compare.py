@@ -19,7 +19,12 @@ row compares like with like. Measured:
   (router weights, routed experts, ffn and stage output: per-row functions of the row's choice),
   as the trunk's isolated comparison does. Later stages see the flip (their attention mixes rows).
   Router weights are compared per expert id ([rows, experts], zero where unchosen): the top-k order
-  of two equal sets may differ, and position-wise they would compare different experts."""
+  of two equal sets may differ, and position-wise they would compare different experts. In the floor
+  column (``common_experts``) only the experts both sides chose count, the routed-weight error "on the
+  common experts" of parity-methods §6: there a flip with a clear margin is quantization, judged once
+  by the stage's selection rate; counted again in the weights, one flip among a block's few rows moved
+  the weights' error past its bound on a CPU type outside the calibration (2 flips of 5 rows, 0.10
+  against 0.084)."""
 from __future__ import annotations
 
 import re
@@ -114,6 +119,11 @@ def _expert_sets_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.sort(dim=-1).values != b.sort(dim=-1).values).any(dim=-1)
 
 
+def _chosen(ids: torch.Tensor, n: int) -> torch.Tensor:
+    """[rows, k] expert ids -> [rows, n] bool: which experts each row chose."""
+    return torch.zeros(ids.shape[0], n, dtype=torch.bool).scatter_(1, ids.to(torch.int64), True)
+
+
 def _by_expert(ids: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
     """[rows, k] weights of [rows, k] expert ids -> [rows, n] (the top-k order dropped)."""
     out = torch.zeros(ids.shape[0], n, dtype=torch.float64)
@@ -122,9 +132,10 @@ def _by_expert(ids: torch.Tensor, w: torch.Tensor, n: int) -> torch.Tensor:
 
 def compare_captures(anchor: DraftCapture, test: DraftCapture, *, n_layers: int, stages: int,
                      near_tie: float, router_tie: float = 0.0,
-                     router_bias: RouterBias | None = None) -> list[dict[str, Any]]:
+                     router_bias: RouterBias | None = None, common_experts: bool = False) -> list[dict[str, Any]]:
     """Rows ``{probe, place, component, row, metric, value}`` (row -1: the whole tensor).
-    ``router_tie`` 0 forgives no flip (logic: exact); ``router_bias(stage)`` the anchor's bias."""
+    ``router_tie`` 0 forgives no flip (logic: exact); ``router_bias(stage)`` the anchor's bias;
+    ``common_experts``: router weights on the experts both sides chose (the floor column)."""
     out: list[dict[str, Any]] = []
     tied: dict[int, torch.Tensor] = {}   # stage layer -> block rows whose choice flipped at a near tie
     n_experts = None
@@ -163,6 +174,9 @@ def compare_captures(anchor: DraftCapture, test: DraftCapture, *, n_layers: int,
                     and int(min(ia.min(), ib.min())) >= 0:
                 n = max(n_experts or 0, int(max(ia.max(), ib.max())) + 1)
                 a, b = _by_expert(ia, a, n), _by_expert(ib, b, n)
+                if common_experts:
+                    both = _chosen(ia, n) & _chosen(ib, n)
+                    a, b = a * both, b * both
         if m and m.group(2) in AFTER_CHOICE and int(m.group(1)) in tied and bool(tied[int(m.group(1))].any()):
             keep = ~tied[int(m.group(1))]
             if not bool(keep.any()):

@@ -143,7 +143,7 @@ def run_column(spec: DraftSpec, column: str, kernel: str | None, progress: Progr
                     for row in compare_captures(a, t, n_layers=c.num_hidden_layers, stages=c.dspark_stages,
                                                 near_tie=spec.floor_near_tie if floor else spec.near_tie,
                                                 router_tie=spec.floor_router_tie if floor else 0.0,
-                                                router_bias=stage_bias):
+                                                router_bias=stage_bias, common_experts=floor):
                         run.rows.append({"column": column, "mode": mode, "prompt": p.id, "prompt_mode": p.mode,
                                          **row})
             if spec.n_tokens <= 0:   # calibration: the draft calls only

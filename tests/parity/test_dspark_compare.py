@@ -17,9 +17,10 @@ def _cap(ids, weights, logits, routed):
                                                  p + "routed.out": routed})
 
 
-def _rows(a, b, tie):
+def _rows(a, b, tie, common=False):
     return {(r["probe"].split("ffn.")[-1], r["metric"]): r["value"]
-            for r in compare_captures(a, b, n_layers=L, stages=1, near_tie=1e-3, router_tie=tie)}
+            for r in compare_captures(a, b, n_layers=L, stages=1, near_tie=1e-3, router_tie=tie,
+                                      common_experts=common)}
 
 
 def _logits(gap: float) -> torch.Tensor:
@@ -45,6 +46,20 @@ def test_a_clear_flip_counts_on_the_floor() -> None:
     a = _cap([[0, 1], [0, 1]], [[0.7, 0.3], [0.7, 0.3]], _logits(1.0), routed)
     b = _cap([[0, 1], [0, 2]], [[0.7, 0.3], [0.7, 0.3]], _logits(1.0), routed)
     assert _rows(a, b, 1e-2)["router.topk_ids", "selection_agree"] == 0.5
+
+
+def test_the_floor_compares_router_weights_on_the_common_experts() -> None:
+    """parity-methods §6: on the floor a clear flip is judged by the selection rate alone; the weights
+    of the experts both sides chose still count (a wrong weight there fails), the flipped ones do not."""
+    routed = torch.randn(2, 16)
+    a = _cap([[0, 1], [0, 1]], [[0.7, 0.3], [0.7, 0.3]], _logits(1.0), routed)
+    b = _cap([[0, 1], [0, 2]], [[0.7, 0.3], [0.7, 0.3]], _logits(1.0), routed)   # row 1: expert 1 -> 2
+    union, common = _rows(a, b, 1e-2), _rows(a, b, 1e-2, common=True)
+    assert union["router.topk_ids", "selection_agree"] == common["router.topk_ids", "selection_agree"] == 0.5
+    assert union["router.weights", "rel_diff"] > 0.05
+    assert common["router.weights", "rel_diff"] == 0.0
+    c = _cap([[0, 1], [0, 2]], [[0.7, 0.3], [0.5, 0.3]], _logits(1.0), routed)   # and expert 0's weight off
+    assert _rows(a, c, 1e-2, common=True)["router.weights", "rel_diff"] > 0.01
 
 
 def test_router_weights_are_compared_per_expert_not_per_top_k_slot() -> None:
