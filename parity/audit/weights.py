@@ -22,6 +22,14 @@ codes / block scales wrong, or only the global scale. Findings and their order a
 both passes everywhere (a dense module's pass 1 before its pass 2, a bank's by (expert, pass)).
 
 The identity is fed in chunks of rows (and experts), so memory stays at one chunk of output.
+
+A backend that serves dense weights through more than one kernel, chosen by the call's size (sm_90a:
+the generic kernel, and ``PrefillGemm``'s dequantization + cuBLAS from 64 tokens), says so with
+``weight_routes()``: ``(label, gemm)`` pairs, each forcing one route. Every dense weight is audited
+through each route (findings name the route); without it, one identity chunk's size would pick one
+route and the other kernel's weight reads would go unaudited. Routes taken only by a handful of rows
+(the decode kernels, M <= 16) would cost K/16 whole-weight passes each; they stay covered by the
+per-call audit's bound.
 """
 from __future__ import annotations
 
@@ -54,10 +62,12 @@ class WeightMismatch:
     mismatches: int
     elements: int
     examples: list[str] = field(default_factory=list)
+    route: str = ""     # the backend's route that read the weight (``weight_routes``); "" with one route
 
     def describe(self) -> str:
         e = f" expert {self.expert}" if self.expert is not None else ""
-        return (f"{self.module}{e} [{self.component}] {self.passname}: {self.mismatches} of {self.elements} "
+        via = f" via {self.route}" if self.route else ""
+        return (f"{self.module}{e} [{self.component}]{via} {self.passname}: {self.mismatches} of {self.elements} "
                 f"weights differ from the reference's dequantization; first {', '.join(self.examples[:2])}")
 
 
@@ -68,7 +78,7 @@ class WeightAudit:
     weights: int = 0
     mismatches: list[WeightMismatch] = field(default_factory=list)
     audited: list[tuple[str, str]] = field(default_factory=list)     # (module, component)
-    passes_run: int = 0     # identity passes: one per module clean; a bank's pass 1 counts once
+    passes_run: int = 0     # identity passes: one per module (and per dense route) when clean; a bank's pass 1 once
 
     @property
     def passed(self) -> bool:
@@ -128,7 +138,10 @@ def audit_weights(model: Any, backend: Any | None = None, *, chunk_rows: int = C
         if isinstance(mod, Fp4GroupedLinear):
             _audit_bank(be, mod, result, chunk_rows)
         else:
-            _audit_dense(be, mod, result, chunk_rows)
+            w = mod.weight_operand()
+            result.weights += w.rows * w.k
+            for label, gemm in dense_routes(be):
+                _audit_dense(gemm, mod, result, chunk_rows, label)
         if progress:
             progress(i + 1, len(mods))
     return result
@@ -139,11 +152,18 @@ def _passes(g: torch.Tensor) -> tuple[tuple[str, torch.Tensor], ...]:
     return (("codes*scales (global 1.0)", torch.ones_like(g, dtype=torch.float32)), ("with global scale", g))
 
 
-def _audit_dense(be: Any, mod: Any, result: WeightAudit, chunk_rows: int) -> None:
+def dense_routes(backend: Any) -> list[tuple[str, Callable[[GemmRequest], torch.Tensor]]]:
+    """``(label, gemm)`` per route the backend serves dense weights by (``weight_routes()``), else its
+    ``gemm`` alone with an empty label."""
+    routes = getattr(backend, "weight_routes", None)
+    return list(routes()) if routes is not None else [("", backend.gemm)]
+
+
+def _audit_dense(gemm: Callable[[GemmRequest], torch.Tensor], mod: Any, result: WeightAudit, chunk_rows: int,
+                 route: str = "") -> None:
     w = mod.weight_operand()
     n, k = w.rows, w.k
     scales = linear_scales(w)
-    result.weights += n * k
     found: list[WeightMismatch] = []
     passes = _passes(w.global_scale)
     for pi in (1, 0):                          # pass 2; pass 1 only after a finding (listed first)
@@ -156,11 +176,11 @@ def _audit_dense(be: Any, mod: Any, result: WeightAudit, chunk_rows: int) -> Non
         bad, examples = 0, []
         for k0 in range(0, k, chunk_rows):
             rows = range(k0, min(k, k0 + chunk_rows))
-            nb, ex = _compare(_kernel_view(be, op, rows), want_all[k0:rows.stop].to(torch.bfloat16), k0)
+            nb, ex = _compare(_kernel_view(gemm, op, rows), want_all[k0:rows.stop].to(torch.bfloat16), k0)
             bad += nb
             examples += ex[: MAX_EXAMPLES - len(examples)]
         if bad:
-            found.insert(0, WeightMismatch(mod.name, mod.component, None, passname, bad, n * k, examples))
+            found.insert(0, WeightMismatch(mod.name, mod.component, None, passname, bad, n * k, examples, route))
     result.mismatches += found
 
 
@@ -204,9 +224,9 @@ def _audit_bank(be: Any, mod: Any, result: WeightAudit, chunk_rows: int) -> None
         result.mismatches.append(WeightMismatch(mod.name, mod.component, e, passname, bad, n * k, examples))
 
 
-def _kernel_view(backend: Any, w: FP4Operand, rows: range) -> torch.Tensor:
-    """``I[rows] @ W^T`` through the backend's own GEMM."""
-    return backend.gemm(GemmRequest(identity_operand(rows, w.k, w.device), w))
+def _kernel_view(gemm: Callable[[GemmRequest], torch.Tensor], w: FP4Operand, rows: range) -> torch.Tensor:
+    """``I[rows] @ W^T`` through one of the backend's GEMM routes."""
+    return gemm(GemmRequest(identity_operand(rows, w.k, w.device), w))
 
 
 def _bank_view(backend: Any, b: FP4Operand, experts: Sequence[int], rows: range) -> torch.Tensor:

@@ -75,6 +75,14 @@ class FaultAround:
     def gemm(self, req: GemmRequest, **kw: Any) -> torch.Tensor:
         return self.inner.gemm(self._operands(req), **kw)
 
+    def weight_routes(self) -> list[tuple[str, Callable[[GemmRequest], torch.Tensor]]]:
+        """The inner backend's routes (``parity.audit.weights``), each with the fault around it: forwarded
+        bare by ``__getattr__``, they would let the weight audit read past the fault."""
+        routes = getattr(self.inner, "weight_routes", None)
+        if routes is None:
+            return [("", self.gemm)]
+        return [(label, lambda req, g=g: g(self._operands(req))) for label, g in routes()]
+
     def grouped_gemm(self, req: GroupedGemmRequest, **kw: Any) -> torch.Tensor:
         f = self.around
         r = self._operands(req)

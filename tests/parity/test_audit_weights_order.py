@@ -86,7 +86,7 @@ def _two_passes(model, be) -> list[weights.WeightMismatch]:
             for passname, g in weights._passes(w.global_scale.reshape(E) if bank else w.global_scale):
                 op = FP4Operand(w.packed, w.scales, g, k=k, scale_layout=w.scale_layout)
                 got = weights._bank_view(be, op, range(e, e + 1), range(k)) if bank else \
-                    weights._kernel_view(be, op, range(k))
+                    weights._kernel_view(be.gemm, op, range(k))
                 want = weights._reference_view(w.packed[e * n:(e + 1) * n], scales[e * n:(e + 1) * n],
                                                (g[e] if bank else g).to(torch.float32), k).T.to(torch.bfloat16)
                 bad, ex = weights._compare(got, want, 0)

@@ -10,6 +10,7 @@ from ..common import (KernelCache, LaunchResources, capturing, check_align, chec
 from .configs import Launch, dense_launch, grouped_launch
 from .decode_route import use_decode_kernel, use_decode_kernel_grouped
 from .gemm_kernel import GemmConfig, Sm90NvFp4Gemm
+from . import prefill_route
 from .prefill_route import use_prefill_gemm
 
 ARCH = "sm_90a"
@@ -58,6 +59,7 @@ class Sm90Backend(LaunchResources):
         self._act = ActQuantRunner(ARCH)
         self._decode_gemm = None  # DecodeGemm, built on the first decode-sized call
         self._prefill_gemm = None  # PrefillGemm, built on the first prefill-sized call
+        self._generic = None  # a routes=False twin (its compiled kernels shared), for weight_routes
 
     # ------------------------------------------------------------------ helpers
     def _check_operand(self, op: FP4Operand, name: str, vec: int) -> None:
@@ -95,6 +97,24 @@ class Sm90Backend(LaunchResources):
 
             self._prefill_gemm = PrefillGemm(self.device)
         return self._prefill_gemm
+
+    def weight_routes(self) -> list[tuple[str, object]]:
+        """``(label, gemm)`` for each kernel that reads a dense weight at prefill sizes, forced, so the weight
+        audit (``parity.audit.weights``) sees every one: the generic kernel, and while the prefill route is
+        on, ``PrefillGemm`` (a request it cannot take goes to the generic kernel, as a real call does).
+        The decode kernel (M <= 16) is left to the per-call audit: auditing it exactly would take K / 16
+        passes over each weight."""
+        if self._generic is None:
+            self._generic = Sm90Backend(self.device, routes=False)
+        generic = self._generic
+        routes: list[tuple[str, object]] = [("generic kernel", generic.gemm)]
+        if self.routes and prefill_route.PREFILL_ROUTE:
+            def prefill(req: GemmRequest) -> torch.Tensor:
+                req.validate()
+                pg = self._prefill()
+                return pg(req, validated=True) if pg.supports(req) else generic.gemm(req)
+            routes.append(("prefill route", prefill))
+        return routes
 
     # ------------------------------------------------------------------ contract methods
     def gemm(self, req: GemmRequest) -> torch.Tensor:
