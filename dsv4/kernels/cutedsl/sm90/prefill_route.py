@@ -14,8 +14,13 @@ every row of both (a side-by-side run, ``run_gpu_validation.sh prefill``, is the
 * M = 64: weights of at most 12.6 M elements 1.49-3.19x (flash shared-expert w2, 8.4 M, 0.97x),
   larger weights 0.30-1.02x (LM head 0.30x: 1140 vs 362 us).
 
-Off until the model's verdicts have run on a GPU with it on (first_token chat/thinking, the audit):
-its own 17 GPU tests passed on that H100 (bit-exact dequant, the accumulation bound, graph capture).
+On since the model's verdicts ran with it on, on an H100 80GB HBM3 (2026-12-07, ``run_gpu_validation.sh
+gate``, ``benchmarks/results/h100_gpu_validation_2026-12-07_gate_route_on.json``): first_token chat and
+thinking PASS (every column), ``parity.audit run`` 380 calls 0 violating, 300 teacher-forced decode steps
+22,800 audited calls 0 violating, CUDA-graph decode equal to eager, the zoo's 5 kernel faults caught and
+localized with the clean row quiet; its own 17 GPU tests had passed on that card model the day before
+(bit-exact dequant, the accumulation bound, graph capture). The weight audit reads every dense weight
+through both this route and the generic kernel (``Sm90Backend.weight_routes``).
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ MIN_PREFILL_TOKENS = 64
 ALL_WEIGHTS_FROM_TOKENS = 1024
 # below ALL_WEIGHTS_FROM_TOKENS only weights up to this many elements (measured faster at 64 tokens)
 SMALL_WEIGHT_ELEMENTS = 12_582_912  # pro attn.indexer.wq_b, 8192 x 1536: the largest measured faster
-PREFILL_ROUTE = False
+PREFILL_ROUTE = True
 
 
 def use_prefill_gemm(m: int, n: int, k: int) -> bool:
