@@ -50,6 +50,16 @@ def be():
     return Sm90Backend("cuda")
 
 
+@pytest.fixture(scope="module", params=["routed", "generic"])
+def dense_be(request, be):
+    """The dense GEMM tests run twice: through the backend's routes (decode kernel at <= 16 tokens,
+    ``PrefillGemm`` from 64 while the prefill route is on) and through the generic kernel alone, which
+    still serves every size the routes leave to it."""
+    from dsv4.kernels.cutedsl.sm90 import Sm90Backend
+
+    return be if request.param == "routed" else Sm90Backend("cuda", routes=False)
+
+
 # ----------------------------------------------------------------------------- operands
 def _check_gemm(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: torch.Tensor, k: int,
                 label: str) -> None:
@@ -208,22 +218,22 @@ def test_act_quant_fused_rmsnorm_close_to_oracle(be, wdtype):
 # ----------------------------------------------------------------------------- dense GEMM
 @pytest.mark.parametrize("m", [1, 4, 16, 64])
 @pytest.mark.parametrize("n,k", [(3072, 7168), (7168, 3072), (1536, 7168)])
-def test_dense_gemm_decode_shapes_with_split_k(be, m, n, k):
+def test_dense_gemm_decode_shapes_with_split_k(dense_be, m, n, k):
     from dsv4.kernels.cutedsl.sm90.configs import dense_launch
 
     gen = torch.Generator().manual_seed(m * 7 + n)
     a, b = _operand(m, k, gen, layout="swizzled"), _operand(n, k, gen, layout="swizzled")
-    got = be.gemm(GemmRequest(a, b))
-    launch = dense_launch(m, n, k, swiglu=False, num_sms=be._sms())
+    got = dense_be.gemm(GemmRequest(a, b))
+    launch = dense_launch(m, n, k, swiglu=False, num_sms=dense_be._sms())
     _check_gemm(got, _deq(a), _deq(b), (a.global_scale * b.global_scale).double(), k,
                 f"dense decode m{m} n{n} k{k} splits{launch.splits}")
 
 
-def test_dense_gemm_prefill_shape(be):
+def test_dense_gemm_prefill_shape(dense_be):
     gen = torch.Generator().manual_seed(5)
     m, n, k = 1000, 1536, 7168
     a, b = _operand(m, k, gen, layout="swizzled"), _operand(n, k, gen, layout="swizzled")
-    got = be.gemm(GemmRequest(a, b))
+    got = dense_be.gemm(GemmRequest(a, b))
     _check_gemm(got, _deq(a), _deq(b), (a.global_scale * b.global_scale).double(), k, "dense prefill 1000x1536x7168")
 
 
@@ -233,11 +243,11 @@ def test_dense_gemm_prefill_shape(be):
        k=st.sampled_from([16, 48, 64, 96, 128, 320, 512, 1040]),
        layouts=st.sampled_from([("linear", "linear"), ("swizzled", "swizzled"), ("linear", "swizzled")]),
        seed=st.integers(0, 2**16))
-def test_dense_gemm_matches_reference(be, m, n, k, layouts, seed):
+def test_dense_gemm_matches_reference(dense_be, m, n, k, layouts, seed):
     gen = torch.Generator().manual_seed(seed)
     a = _operand(m, k, gen, layout=layouts[0])
     b = _operand(n, k, gen, layout=layouts[1])
-    got = be.gemm(GemmRequest(a, b))
+    got = dense_be.gemm(GemmRequest(a, b))
     alpha = (a.global_scale * b.global_scale).double()
     _check_gemm(got, _deq(a), _deq(b), alpha, k, f"dense m{m} n{n} k{k} {layouts}")
 
@@ -256,12 +266,12 @@ def test_split_k_is_deterministic_and_counters_reset(be):
 @HYP
 @given(m=st.sampled_from([1, 3, 16, 100, 200]), nh=st.sampled_from([8, 32, 40, 96]),
        k=st.sampled_from([64, 256, 1024]), seed=st.integers(0, 2**16))
-def test_dense_swiglu_matches_oracle_epilogue(be, m, nh, k, seed):
+def test_dense_swiglu_matches_oracle_epilogue(dense_be, m, nh, k, seed):
     gen = torch.Generator().manual_seed(seed)
     a, b = _operand(m, k, gen), _operand(2 * nh, k, gen)
     a = FP4Operand(a.packed, a.scales, a.global_scale * 4, k=k)  # outputs well beyond the limit
     limit = 7.0
-    got = be.gemm(GemmRequest(a, b, swiglu_limit=limit))
+    got = dense_be.gemm(GemmRequest(a, b, swiglu_limit=limit))
     assert got.shape == (m, nh)
     _check_swiglu(got, _deq(a), _deq(b), (a.global_scale * b.global_scale).double(), k, limit,
                   f"swiglu m{m} n{2 * nh} k{k}")
