@@ -138,10 +138,7 @@ def audit_weights(model: Any, backend: Any | None = None, *, chunk_rows: int = C
         if isinstance(mod, Fp4GroupedLinear):
             _audit_bank(be, mod, result, chunk_rows)
         else:
-            w = mod.weight_operand()
-            result.weights += w.rows * w.k
-            for label, gemm in dense_routes(be):
-                _audit_dense(gemm, mod, result, chunk_rows, label)
+            _audit_dense(dense_routes(be), mod, result, chunk_rows)
         if progress:
             progress(i + 1, len(mods))
     return result
@@ -159,29 +156,36 @@ def dense_routes(backend: Any) -> list[tuple[str, Callable[[GemmRequest], torch.
     return list(routes()) if routes is not None else [("", backend.gemm)]
 
 
-def _audit_dense(gemm: Callable[[GemmRequest], torch.Tensor], mod: Any, result: WeightAudit, chunk_rows: int,
-                 route: str = "") -> None:
+def _audit_dense(routes: Sequence[tuple[str, Callable[[GemmRequest], torch.Tensor]]], mod: Any,
+                 result: WeightAudit, chunk_rows: int) -> None:
+    """Both passes through every route; the reference's view of the stored global-scale pass is made once
+    and shared by the routes (pass 1, only after a finding, is made where needed)."""
     w = mod.weight_operand()
     n, k = w.rows, w.k
     scales = linear_scales(w)
-    found: list[WeightMismatch] = []
+    result.weights += n * k
     passes = _passes(w.global_scale)
-    for pi in (1, 0):                          # pass 2; pass 1 only after a finding (listed first)
-        if pi == 0 and not found:
-            break
-        result.passes_run += 1
-        passname, g = passes[pi]
-        op = FP4Operand(w.packed, w.scales, g, k=k, scale_layout=w.scale_layout)
-        want_all = _reference_view(w.packed, scales, g.to(torch.float32), k).T  # [K, N]
-        bad, examples = 0, []
-        for k0 in range(0, k, chunk_rows):
-            rows = range(k0, min(k, k0 + chunk_rows))
-            nb, ex = _compare(_kernel_view(gemm, op, rows), want_all[k0:rows.stop].to(torch.bfloat16), k0)
-            bad += nb
-            examples += ex[: MAX_EXAMPLES - len(examples)]
-        if bad:
-            found.insert(0, WeightMismatch(mod.name, mod.component, None, passname, bad, n * k, examples, route))
-    result.mismatches += found
+    want_g: torch.Tensor | None = None
+    for route, gemm in routes:
+        found: list[WeightMismatch] = []
+        for pi in (1, 0):                          # pass 2; pass 1 only after a finding (listed first)
+            if pi == 0 and not found:
+                break
+            result.passes_run += 1
+            passname, g = passes[pi]
+            op = FP4Operand(w.packed, w.scales, g, k=k, scale_layout=w.scale_layout)
+            if pi == 1 and want_g is None:
+                want_g = _reference_view(w.packed, scales, g.to(torch.float32), k).T  # [K, N]
+            want_all = want_g if pi == 1 else _reference_view(w.packed, scales, g.to(torch.float32), k).T
+            bad, examples = 0, []
+            for k0 in range(0, k, chunk_rows):
+                rows = range(k0, min(k, k0 + chunk_rows))
+                nb, ex = _compare(_kernel_view(gemm, op, rows), want_all[k0:rows.stop].to(torch.bfloat16), k0)
+                bad += nb
+                examples += ex[: MAX_EXAMPLES - len(examples)]
+            if bad:
+                found.insert(0, WeightMismatch(mod.name, mod.component, None, passname, bad, n * k, examples, route))
+        result.mismatches += found
 
 
 def _audit_bank(be: Any, mod: Any, result: WeightAudit, chunk_rows: int) -> None:

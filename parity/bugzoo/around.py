@@ -78,10 +78,9 @@ class FaultAround:
     def weight_routes(self) -> list[tuple[str, Callable[[GemmRequest], torch.Tensor]]]:
         """The inner backend's routes (``parity.audit.weights``), each with the fault around it: forwarded
         bare by ``__getattr__``, they would let the weight audit read past the fault."""
-        routes = getattr(self.inner, "weight_routes", None)
-        if routes is None:
-            return [("", self.gemm)]
-        return [(label, lambda req, g=g: g(self._operands(req))) for label, g in routes()]
+        from ..audit.weights import dense_routes
+
+        return [(label, lambda req, g=g: g(self._operands(req))) for label, g in dense_routes(self.inner)]
 
     def grouped_gemm(self, req: GroupedGemmRequest, **kw: Any) -> torch.Tensor:
         f = self.around
