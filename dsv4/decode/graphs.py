@@ -112,7 +112,8 @@ def _end_generator_capture(graph_cls: Any) -> None:
     """After a failed capture, one empty capture on the same stream. ``capture_begin`` puts the
     device's default CUDA generator in capture mode and only a successful ``capture_end`` takes it out
     (torch 2.11): left so, every later CUDA RNG call in the process raises "Offset increment outside
-    graph capture encountered unexpectedly" (seen on an H200 after the emulated backend's fallbacks)."""
+    graph capture encountered unexpectedly" (seen on an H200 after the emulated backend's fallbacks).
+    Where the empty capture cannot end it either, :func:`restore_default_generator` swaps the state."""
     import warnings
 
     h = graph_cls()
@@ -121,8 +122,39 @@ def _end_generator_capture(graph_cls: Any) -> None:
         try:
             h.capture_begin(capture_error_mode="thread_local")
             h.capture_end()
-        except Exception:   # nothing more to restore: the next capture_begin resets the generator too
+        except Exception:   # restore_default_generator below repairs what this could not
             pass
+    if graph_cls is torch.cuda.CUDAGraph:
+        restore_default_generator()
+
+
+STUCK_GENERATOR = "Offset increment outside graph capture"
+
+
+def restore_default_generator(gen: Any = None, draw: Any = None, fresh: Any = None) -> bool:
+    """Make the current device's default CUDA generator usable again if a failed capture left its
+    state in capture mode; True when it had to. Its seed and offset are kept: one draw tests it (the
+    offset is put back afterwards) and a stuck state is replaced by a fresh one holding the same seed
+    and offset (``graphsafe_set_state``). ``gen`` / ``draw`` / ``fresh``: fakes for the CPU tests."""
+    if gen is None:
+        if not torch.cuda.is_available() or torch.cuda.is_current_stream_capturing():
+            return False
+        gen = torch.cuda.default_generators[torch.cuda.current_device()]
+        draw = draw or (lambda: torch.empty(1, device=gen.device).uniform_(generator=gen))
+        fresh = fresh or (lambda: torch.Generator(device=gen.device))
+    offset = gen.get_offset()
+    try:
+        draw()
+        stuck = False
+    except RuntimeError as e:
+        if STUCK_GENERATOR not in str(e):
+            raise
+        stuck = True
+        new = fresh()
+        new.manual_seed(gen.initial_seed())
+        gen.graphsafe_set_state(new.graphsafe_get_state())
+    gen.set_offset(offset)
+    return stuck
 
 
 @dataclass

@@ -195,6 +195,7 @@ def test_readiness_on_hopper_kernels_is_ready(tmp_path: Path) -> None:
     assert any("attention.py" in s[0] for s in rep["syncs"])
     assert rep["capture"]["ok"] is False and rep["capture"]["location"].startswith("dsv4/")
     assert sum(s["mode"] == "graph" for s in rep["segments"]) >= 2 * 4   # per layer: attn_pre+attn_out (+ffn)
+    assert torch.randn(8, device="cuda").isfinite().all()   # the failed whole-step capture left CUDA RNG usable
 
 
 @pytest.mark.gpu
@@ -208,6 +209,7 @@ def test_readiness_with_the_emulated_backend_reports_its_host_reads(tmp_path: Pa
     assert rep["graph_matches_eager"] and rep["fallbacks"] > 0
     reasons = " ".join(s["reason"] for s in rep["segments"] if s["mode"] == "eager")
     assert "capture failed" in reasons
+    assert torch.randn(8, device="cuda").isfinite().all()   # the failed captures left CUDA RNG usable
 
 
 def test_the_whole_check_runs_on_the_cpu_with_a_fake_cuda_runtime() -> None:
