@@ -63,11 +63,11 @@ class Where:
 
 
 def _float_records(w: Where, name: str, a: torch.Tensor, b: torch.Tensor, s: CompareSettings,
-                   tie_rows: np.ndarray | None = None) -> list[dict]:
+                   tie_rows: np.ndarray | None = None, device: str | torch.device | None = None) -> list[dict]:
     if a.numel() == 0:
         return []
     try:
-        c = compare_tensors(a, b)
+        c = compare_tensors(a, b, device)
     except ShapeMismatchError as e:
         raise ProbeMismatchError(f"probe {name!r}: {e}") from None
     scalars = c.scalars()
@@ -91,8 +91,9 @@ def compare_probes(anchor: Mapping[str, torch.Tensor], test: Mapping[str, torch.
                    device: str | torch.device | None = None) -> tuple[list[dict], PositionStats | None]:
     """Records for every probe the anchor emitted (in its emission order), and the logits position
     statistics (None when ``logits`` is not compared). ``only`` restricts the compared probe names.
-    ``device``: where the run's models ran; on a GPU the logits statistics are computed there (the
-    probes come back on the host, and the float64 softmax over a real vocabulary took seconds a prompt).
+    ``device``: where the run's models ran; on a GPU the float probes' metrics and the logits statistics
+    are computed there (the probes come back on the host; the float64 softmax over a real vocabulary
+    took seconds a prompt, the float metrics 7.4 s of a Pro-width harness run).
 
     Isolated mode also writes ``cosine_untied`` / ``rel_diff_untied`` for every token-row float probe:
     the metrics without the tokens whose indexer or router selection flipped *at a near tie* earlier
@@ -146,7 +147,7 @@ def compare_probes(anchor: Mapping[str, torch.Tensor], test: Mapping[str, torch.
             records += [where.rec(name, m, v) for m, v in sel.items()]
             continue
         untie = tie_rows.get(layer) if isolated and layer is not None and suffix not in ENTRY_SUFFIXES else None
-        records += _float_records(where, name, a, b, settings, untie)
+        records += _float_records(where, name, a, b, settings, untie, device)
         if isolated and suffix == "out" and layer is not None:
             records.append(where.rec(name, "tie_flip_tokens", float(tie_rows[layer].sum())))
         if name == "logits":

@@ -39,11 +39,11 @@ class ShapeMismatchError(ValueError):
     """The two tensors of a comparison differ in shape."""
 
 
-def _as_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _as_pair(a: torch.Tensor, b: torch.Tensor, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, int]:
     if tuple(a.shape) != tuple(b.shape):
         raise ShapeMismatchError(f"shapes differ: anchor {tuple(a.shape)}, test {tuple(b.shape)}")
-    a64 = a.detach().to("cpu", torch.float64)
-    b64 = b.detach().to("cpu", torch.float64)
+    a64 = a.detach().to(device, torch.float64)
+    b64 = b.detach().to(device, torch.float64)
     fa, fb = torch.isfinite(a64), torch.isfinite(b64)
     both = fa & fb
     if bool(both.all()):
@@ -230,10 +230,26 @@ def _row_sums(x: torch.Tensor, y: torch.Tensor) -> tuple[np.ndarray, torch.Tenso
     for u, v in ((x, y), (x, x), (y, y), (d, d)):
         torch.mul(u, v, out=buf)
         sums.append(buf.sum(1))
-    return torch.stack(sums).to(torch.float64).numpy(), d
+    return torch.stack(sums).to(torch.float64).cpu().numpy(), d
 
 
-def compare_tensors(a: torch.Tensor, b: torch.Tensor) -> TensorComparison:
+def metric_device(device: torch.device | str | None) -> torch.device:
+    """Where :func:`compare_tensors` computes: the run's CUDA device, else the CPU. On a GPU the probes
+    (kept on the host) go up one pair at a time: at Pro width the CPU's comparisons were 7.4 s of a
+    48 s harness run on an H100 (issue: harness overhead)."""
+    d = torch.device(device) if device is not None else torch.device("cpu")
+    return d if d.type == "cuda" and torch.cuda.is_available() else torch.device("cpu")
+
+
+def _on(t: torch.Tensor, dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` on ``dev`` as ``dtype``; to a GPU it travels in its own (narrower) dtype and is widened there."""
+    t = t.detach()
+    if dev.type == "cpu" or t.device == dev:
+        return t.to(dev, dtype)
+    return t.to(dev, non_blocking=t.is_pinned()).to(dtype)
+
+
+def compare_tensors(a: torch.Tensor, b: torch.Tensor, device: torch.device | str | None = None) -> TensorComparison:
     """All metrics at once: four row reductions, every scalar and curve from them.
 
     Arithmetic is float32 with float64 for everything after the row sums: products of BF16 values
@@ -247,12 +263,13 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor) -> TensorComparison:
     # FP32 probes (the logic column computes in FP32 on both sides, ~1e-13 apart) get float64 sums: a
     # float32 dot product would put cosine's own noise (~1e-7) above the differences it must resolve.
     work = torch.float64 if torch.float32 in (a.dtype, b.dtype) else torch.float32
-    x = _rows(a.detach().to("cpu", work))
-    y = _rows(b.detach().to("cpu", work))
+    dev = metric_device(device)
+    x = _rows(_on(a, dev, work))
+    y = _rows(_on(b, dev, work))
     sums, d = _row_sums(x, y)
     mismatch = 0
     if not np.isfinite(sums).all():
-        xm, ym, mismatch = _as_pair(x, y)
+        xm, ym, mismatch = _as_pair(x, y, dev)
         sums, d = _row_sums(xm, ym)
     dot, na2, nb2, dd = (float(v) for v in sums.sum(1))
     tok_cos, tok_rd = _token_curves(sums)

@@ -92,7 +92,8 @@ def capture(g: Any, pool: Any, fn: Any) -> BaseException | None:
     capture also fails ``capture_end`` with "invalidated": that one must not hide the cause.)"""
     try:
         g.capture_begin(pool=pool, capture_error_mode="thread_local")
-    except Exception as e:
+    except Exception as e:   # the generator may be in capture mode already; the pool is left alone
+        _end_generator_capture(type(g))
         return e
     err: BaseException | None = None
     try:
@@ -104,8 +105,25 @@ def capture(g: Any, pool: Any, fn: Any) -> BaseException | None:
     except Exception as e:
         err = err or e
     if err is not None:
+        _end_pool_allocation(g, pool)
         _end_generator_capture(type(g))
     return err
+
+
+def _end_pool_allocation(g: Any, pool: Any) -> None:
+    """After a failed capture, stop routing the stream's allocations to ``pool``. Only a successful
+    ``capture_end`` does it (torch 2.11); left so, the next capture into the same pool fails in
+    ``capture_begin`` with "beginAllocateToPool: already recording to mempool_id" (an H100 run: every
+    segment after the emulated backend's first refused one was reported as failing for that reason,
+    not its own), and the failed graph's pool reference is never released."""
+    if pool is None or not isinstance(g, torch.cuda.CUDAGraph):
+        return
+    dev = torch.cuda.current_device()
+    for release in (torch._C._cuda_endAllocateToPool, torch._C._cuda_releasePool):
+        try:
+            release(dev, pool)
+        except Exception:   # already ended (capture_end got that far): nothing to undo
+            pass
 
 
 def _end_generator_capture(graph_cls: Any) -> None:
