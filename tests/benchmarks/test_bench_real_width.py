@@ -78,6 +78,10 @@ def test_tiny_bench_measures_every_layer_kind_side_and_target(tiny_run) -> None:
     assert {("emulated", 32), ("emulated", 64)} <= warm and all(x["warmup_step_seconds"] > 0 for x in d["decode"])
     t = d["targets"]
     assert t["harness_overhead"]["measured"] == [x["overhead_ratio"] for x in h]
+    # a further prompt's overhead leaves out the per-checkpoint costs (loads, the weight audit): lower
+    assert t["harness_overhead"]["per_prompt"] == [x["per_prompt_overhead_ratio"] for x in h]
+    assert all(x["per_prompt_overhead_ratio"] < x["overhead_ratio"] for x in h if x["phases"].get("weight_audit"))
+    assert all(x["per_prompt_overhead_ratio"] <= x["overhead_ratio"] for x in h)
     sm = t["streaming_memory"]
     assert sm["flat_layers"] == [2, 4] and 0.9 < sm["flat_ratio"] < 1.5 and sm["bound_bytes"] > 2 * 2 ** 30
     assert d["build"]["official"]["bytes"] > 0 and len(d["build"]["nvidia-nvfp4"]["per_layer_bytes"]) == 4
