@@ -255,3 +255,55 @@ def test_a_failed_capture_is_followed_by_an_empty_one_and_a_clean_one_is_not():
     log.clear()
     assert isinstance(capture(g, None, refused), CaptureRefused)
     assert [e for _, e in log] == ["begin", "end", "begin", "end"] and log[2][0] != id(g)
+
+
+class _FakeGen:
+    """A generator whose state is 'stuck in capture mode' until a fresh state is swapped in."""
+
+    def __init__(self, stuck: bool) -> None:
+        self.stuck, self.seed, self.offset = stuck, 1234, 40
+
+    def get_offset(self) -> int:
+        return self.offset
+
+    def set_offset(self, o: int) -> None:
+        self.offset = o
+
+    def initial_seed(self) -> int:
+        return self.seed
+
+    def manual_seed(self, s: int) -> None:
+        self.seed = s
+
+    def graphsafe_get_state(self) -> "_FakeGen":
+        return self
+
+    def graphsafe_set_state(self, other: "_FakeGen") -> None:
+        self.stuck, self.seed = other.stuck, other.seed
+
+    def draw(self) -> None:
+        if self.stuck:
+            raise RuntimeError("Offset increment outside graph capture encountered unexpectedly.")
+        self.offset += 4
+
+
+@pytest.mark.parametrize("stuck", [True, False])
+def test_restore_default_generator_swaps_a_stuck_state_and_keeps_seed_and_offset(stuck: bool) -> None:
+    from dsv4.decode.graphs import restore_default_generator
+
+    g = _FakeGen(stuck)
+    assert restore_default_generator(g, g.draw, lambda: _FakeGen(False)) is stuck
+    assert (g.stuck, g.seed, g.offset) == (False, 1234, 40)   # usable, same seed, the probe's draw undone
+    g.draw()                                                   # and it draws
+
+
+def test_restore_default_generator_lets_other_errors_through() -> None:
+    from dsv4.decode.graphs import restore_default_generator
+
+    g = _FakeGen(False)
+
+    def broken() -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        restore_default_generator(g, broken, lambda: _FakeGen(False))
