@@ -10,7 +10,8 @@ device type first, then the most recent) and scales it, each assumption written 
   :data:`BANDWIDTH_TBS` (streamed layers are read and dequantized once per forward: bandwidth-bound);
 * another width / model: x (this config's parameters per layer kind / the table's);
 * another prompt length: linear in tokens between (and beyond) the measured lengths;
-* the harness (probes, isolated pass, metrics, audit): x (1 + the overhead the table measured);
+* the harness (probes, isolated pass, metrics, per-call audit): x (1 + the overhead the table measured
+  per prompt); the weight audit once per checkpoint, x the hidden-size ratio (identity GEMMs);
 * the logic column's FP32 forwards: 2x the BF16 ones (twice the bytes per activation).
 """
 from __future__ import annotations
@@ -148,6 +149,23 @@ def side_seconds(table: dict[str, Any], side: str, backend: str, config: Any, to
     return total
 
 
+def harness_overhead(table: dict[str, Any], assumptions: list[str]) -> tuple[float, float | None]:
+    """(the overhead ratio the forwards are multiplied by, the weight audit's seconds per layer or None).
+    A table that measured the overhead a further prompt adds gives that ratio and its weight audit,
+    counted once (it is per checkpoint, whatever the prompt count); an older one gives the whole run's
+    ratio, which holds the audit once per prompt (an over-estimate beyond one prompt)."""
+    hs = [h for h in table.get("harness", []) if h.get("overhead_ratio") is not None]
+    per = [h for h in hs if h.get("per_prompt_overhead_ratio") is not None]
+    if per:
+        ovr = max(0.0, max(h["per_prompt_overhead_ratio"] for h in per))
+        audit = max(h["phases"].get("weight_audit", 0.0) for h in per) / table["config"]["num_hidden_layers"]
+        assumptions.append(f"harness overhead per prompt x {1 + ovr:.2f} (measured; loads and weight audit apart)")
+        return ovr, audit
+    ovr = max(0.0, max(h["overhead_ratio"] for h in hs)) if hs else 0.25   # below 0: timing noise, not a speed-up
+    assumptions.append(f"harness overhead x {1 + ovr:.2f} ({'measured' if hs else 'the 25 % target, none measured'})")
+    return ovr, None
+
+
 def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: str | None = None,
              tables: Sequence[dict[str, Any]] | None = None) -> Estimate | None:
     """The forwards a first-token run performs for prompts of ``tokens`` tokens, from a measured table."""
@@ -189,12 +207,15 @@ def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: s
         b["bug_budget"] = 2 * ker
     elif "bug_budget" in columns:
         assumptions.append("no kernel backend in the table: bug-budget column not counted")
-    over = [h["overhead_ratio"] for h in table.get("harness", []) if h.get("overhead_ratio") is not None]
-    ovr = max(0.0, max(over)) if over else 0.25     # below 0 is timing noise (tiny widths), not a speed-up
-    assumptions.append(f"harness overhead x {1 + ovr:.2f} ({'measured' if over else 'the 25 % target, none measured'})")
+    ovr, audit = harness_overhead(table, assumptions)
     if "logic" in b:
         assumptions.append(f"FP32 logic forwards = {FP32_FACTOR:g} x the BF16 ones")
     b = {k: v * scale * (1 + ovr) for k, v in b.items()}
+    if audit is not None and "bug_budget" in b:
+        k_ratio = config.hidden_size / table["config"]["hidden_size"]
+        b["weight_audit"] = audit * scale * k_ratio * config.num_hidden_layers
+        assumptions.append(f"weight audit once per checkpoint: {audit:.3g} s a layer measured, x {k_ratio:.3g} = hidden "
+                           f"size {config.hidden_size} / {table['config']['hidden_size']} (identity GEMMs: K x weights)")
     loads = [r["seconds"] for r in table["runs"] if r.get("phase") == "load"]
     if loads:
         per_layer = max(loads) / table["config"]["num_hidden_layers"]

@@ -105,25 +105,8 @@ def capture(g: Any, pool: Any, fn: Any) -> BaseException | None:
     except Exception as e:
         err = err or e
     if err is not None:
-        _end_pool_allocation(g, pool)
         _end_generator_capture(type(g))
     return err
-
-
-def _end_pool_allocation(g: Any, pool: Any) -> None:
-    """After a failed capture, stop routing the stream's allocations to ``pool``. Only a successful
-    ``capture_end`` does it (torch 2.11); left so, the next capture into the same pool fails in
-    ``capture_begin`` with "beginAllocateToPool: already recording to mempool_id" (an H100 run: every
-    segment after the emulated backend's first refused one was reported as failing for that reason,
-    not its own), and the failed graph's pool reference is never released."""
-    if pool is None or not isinstance(g, torch.cuda.CUDAGraph):
-        return
-    dev = torch.cuda.current_device()
-    for release in (torch._C._cuda_endAllocateToPool, torch._C._cuda_releasePool):
-        try:
-            release(dev, pool)
-        except Exception:   # already ended (capture_end got that far): nothing to undo
-            pass
 
 
 def _end_generator_capture(graph_cls: Any) -> None:
@@ -381,6 +364,10 @@ class GraphDecoder:
         err = capture(g, pool, lambda: self._bind_run(seg))
         captured, self.buf.overlay = self.buf.overlay, None
         if err is not None:
+            # A failed capture can leave the allocator recording into its pool (torch 2.11): every later
+            # capture into that pool then fails in capture_begin ("beginAllocateToPool: already recording";
+            # an H100 run of the emulated backend blamed that on every segment after the first refused one).
+            self._pools[seg.stream_index] = self.rt.pool()
             where = exception_location(err)
             return f"capture failed: {first_line(err)}" + (f" at {where}" if where else ""), False
         g.replay()

@@ -156,7 +156,7 @@ def attempt_capture(model: Any, state: Any, token: int, device: torch.device, ru
 
     st = copy.deepcopy(state)
     with runtime.on_device(device), runtime.on_stream(runtime.new_stream(device)), torch.no_grad():
-        err = capture(runtime.graph(), runtime.pool(), lambda: model.decode_step(st, token))
+        err = capture(runtime.graph(), None, lambda: model.decode_step(st, token))
     if err is None:
         return CaptureAttempt(True)
     where = exception_location(err)   # the first violation aborts the capture: that is the finding

@@ -194,3 +194,32 @@ def test_table_shows_the_probe_capture_cost(tiny_run, tmp_path) -> None:
     assert r.returncode == 0, r.stderr[-2000:]
     assert "| cutedsl_sm90 | 1024 | 40 | 3.00 | 0.140 | 0.900 | 0.300 | True |" in r.stdout
     assert "| emulated | 32 |" not in r.stdout.split("| probe capture |")[1]   # the CPU entry says why, not a row
+
+
+def test_estimate_counts_the_weight_audit_once_where_the_table_measured_a_prompts_own_overhead(tiny_run) -> None:
+    """A table with ``per_prompt_overhead_ratio`` multiplies the forwards by that ratio and adds its weight
+    audit once per checkpoint (whatever the prompt count); an older table's whole-run ratio stays as it was."""
+    import copy
+
+    from dsv4.config import preset
+    from parity.verdict_time import estimate
+
+    t = copy.deepcopy(tiny_run)
+    t["_file"] = "real_width_tiny.json"
+    t["runs"] += [{**copy.deepcopy(r), "backend": "cutedsl_sm90"} for r in tiny_run["runs"]
+                  if r["side"] == "native" and r["backend"] == "emulated" and r["phase"] == "prefill"]
+    L = t["config"]["num_hidden_layers"]
+    for h in t["harness"]:
+        h.update(overhead_ratio=3.0, per_prompt_overhead_ratio=0.5)
+        h["phases"]["weight_audit"] = 2.0 * L                         # 2 s a layer
+    card, cfg = t["machine"]["card"], preset("tiny")
+    one, five = (estimate(cfg, [64] * n, ["floor", "bug_budget"], card=card, tables=[t]) for n in (1, 5))
+    assert one.breakdown["weight_audit"] == five.breakdown["weight_audit"] == pytest.approx(2.0 * cfg.num_hidden_layers)
+    assert five.breakdown["floor"] == pytest.approx(5 * one.breakdown["floor"])       # forwards: per prompt
+    old = copy.deepcopy(t)
+    for h in old["harness"]:
+        del h["per_prompt_overhead_ratio"]
+    legacy = estimate(cfg, [64], ["floor", "bug_budget"], card=card, tables=[old])
+    assert "weight_audit" not in legacy.breakdown
+    assert legacy.breakdown["floor"] == pytest.approx(one.breakdown["floor"] * 4.0 / 1.5)   # x (1+3) against x (1+0.5)
+    assert any("per prompt x 1.50" in a for a in one.assumptions)
