@@ -145,6 +145,8 @@ def test_emulated_backend_on_cuda_falls_back_where_it_host_reads_and_stays_exact
     fell_back = [s for s in rep if s.mode == "eager" and s.reason != "eager by design"]
     # FP4 on the emulated backend reads global scales / offsets on the host: those segments say so
     assert fell_back and all(s.reason.startswith("capture failed") for s in fell_back)
+    # each for its own host read: a failed capture's pool is not reused (it failed the next ones, H100)
+    assert not any("beginAllocateToPool" in s.reason for s in fell_back), [s.reason for s in fell_back]
 
 
 def test_emulated_all_bf16_captures_what_has_no_host_read() -> None:
@@ -155,8 +157,8 @@ def test_emulated_all_bf16_captures_what_has_no_host_read() -> None:
     _log("emulated_all_bf16", diffs=diffs, segments=[s.__dict__ for s in dec.report()])
     assert diffs == [0.0] * 20, diffs
     # the dense BF16 projections capture; the grouped BF16 GEMMs loop over offsets.tolist() (host read)
-    assert modes["L0.attn_pre"] == "graph"
-    assert modes["L0.attn_out"] == "eager"
+    assert all(modes[f"L{i}.attn_pre"] == "graph" for i in range(model.config.num_hidden_layers)), modes
+    assert modes["L0.attn_out"] == "eager" and modes["head"] == "graph"
 
 
 def test_a_failed_capture_leaves_the_cuda_generator_usable():
