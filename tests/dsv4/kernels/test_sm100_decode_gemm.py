@@ -138,6 +138,26 @@ def test_supports_only_dense_decode_requests():
     assert not DecodeGemm100.supports(grouped)  # the grouped (MoE) form is not written for sm_100a
 
 
+
+def test_backend_routes_dense_decode_requests_to_the_decode_kernel(monkeypatch):
+    """``Sm100Backend.route``: dense 1..16-token requests on >= 2,048 weight rows go to the decode kernel,
+    the rest (more tokens, narrow weights, unaligned data, routes off, the switch off) to the generic one."""
+    from dsv4.kernels.cutedsl.sm100 import Sm100Backend, decode_route
+
+    be, plain = Sm100Backend("cpu"), Sm100Backend("cpu", routes=False)
+    wide, narrow = _operand(2048, 256, 20), _operand(1024, 256, 21)
+    assert be.route(GemmRequest(_operand(1, 256, 22), wide)) == "decode kernel"
+    assert be.route(GemmRequest(_operand(16, 256, 23), wide, swiglu_limit=7.0)) == "decode kernel"
+    assert be.route(GemmRequest(_operand(17, 256, 24), wide)) == "generic kernel"      # beyond 16 tokens
+    assert be.route(GemmRequest(_operand(4, 256, 25), narrow)) == "generic kernel"     # under 2,048 rows
+    assert plain.route(GemmRequest(_operand(1, 256, 26), wide)) == "generic kernel"
+    base = torch.zeros(2048 * 128 + 8, dtype=torch.uint8)                            # 8 bytes off 16
+    odd = FP4Operand(base[8:].view(2048, 128), wide.scales, wide.global_scale, k=256)
+    assert be.route(GemmRequest(_operand(2, 256, 27), odd)) == "generic kernel"
+    monkeypatch.setattr(decode_route, "DECODE_ROUTE", False)
+    assert be.route(GemmRequest(_operand(1, 256, 28), wide)) == "generic kernel"
+
+
 # ---- compile-only: the PTX census ---------------------------------------------------------------
 _COMPILE_CPU_SECONDS: list[float] = []
 
@@ -301,4 +321,20 @@ def test_b200_decode_agrees_with_the_generic_sm100_kernel(dg):
     a_op = FP4Operand(a.packed, unswizzle_32_4_4(a.scales, 16, 128), a.global_scale, k=2048)
     _, sabs, _ = _reference(a_op, b.packed, b_lin, b.global_scale, None)
     assert_within_bound(y, g.double(), 2 * sabs, "decode vs generic sm100 kernel", ulps=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.sm100
+@pytest.mark.parity
+def test_b200_backend_gemm_takes_the_decode_kernel_at_decode_sizes(dg):
+    """The backend's decode-size call is the decode kernel's, bit for bit; ``routes=False`` the generic
+    kernel's, within the bound of each other (different summation orders)."""
+    from dsv4.kernels.cutedsl.sm100 import Sm100Backend
+
+    a, b = _cuda(4, 7168, 701, layout="swizzled"), _cuda(3072, 7168, 702, layout="swizzled")
+    req = GemmRequest(a, b)
+    be = Sm100Backend("cuda")
+    assert be.route(req) == "decode kernel"
+    assert torch.equal(be.gemm(req), dg(req))
+    _judge(Sm100Backend("cuda", routes=False).gemm(req), a, b, None, "B200 generic kernel at a decode size")
 

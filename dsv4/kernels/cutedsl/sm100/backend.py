@@ -69,10 +69,31 @@ class Sm100Backend:
 
     name = "cutedsl_sm100"
 
-    def __init__(self, device: str | torch.device = "cuda"):
+    def __init__(self, device: str | torch.device = "cuda", *, routes: bool = True):
+        """``routes=False``: every dense GEMM through the generic kernel (``decode_route`` decides otherwise)."""
         self.device = torch.device(device)
+        self.routes = routes
         self.cache = KernelCache(scope=("sm100-gemm", str(self.device)))   # shared by every load in the process
         self._act_quant: dict[str, object] = {}  # arch -> ActQuantRunner (its own compile cache)
+        self._decode_gemm = None  # DecodeGemm100, built on the first decode-sized call
+
+    def route(self, req: GemmRequest) -> str:
+        """``"decode kernel"`` or ``"generic kernel"``: which kernel :meth:`gemm` gives a valid request
+        (pure: no device needed). A request the decode kernel cannot take (unaligned packed data) goes
+        to the generic kernel."""
+        from .decode_launch import DecodeGemm100
+        from .decode_route import use_decode_kernel
+
+        if self.routes and use_decode_kernel(req.a.rows, req.b.rows, req.a.k) and DecodeGemm100.supports(req):
+            return "decode kernel"
+        return "generic kernel"
+
+    def _decoder(self):
+        if self._decode_gemm is None:
+            from .decode_launch import DecodeGemm100
+
+            self._decode_gemm = DecodeGemm100(self.device)
+        return self._decode_gemm
 
     # ---- host-side packing (device-agnostic) ----------------------------------------------------
     def prepare_gemm(self, req: GemmRequest) -> LaunchArgs:
@@ -130,6 +151,8 @@ class Sm100Backend:
     def gemm(self, req: GemmRequest) -> torch.Tensor:
         req.validate()
         arch = self._check_device(req.a.packed)
+        if self.route(req) == "decode kernel":
+            return self._decoder()(req)
         return self._run(self._prepare_gemm(req), arch)
 
     def grouped_gemm(self, req: GroupedGemmRequest, *, check_values: bool = True) -> torch.Tensor:

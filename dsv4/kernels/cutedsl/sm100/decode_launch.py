@@ -6,10 +6,9 @@
 FP32, BF16 out) with a fixed, deterministic split-K summation order. The grouped (MoE) form is not
 written for sm_100a yet; ``Sm100Backend.grouped_gemm`` keeps serving it.
 
-Wiring (not done here): at the top of ``Sm100Backend.gemm``, after ``req.validate()`` and the device
-check, ``if DecodeGemm100.supports(req): return self._decode(req)`` with ``self._decode =
-DecodeGemm100(self.device)`` built once in ``__init__`` (it keeps its own executor cache and split-K
-counters); ``prepare_gemm`` and the generic path stay as they are for M > 16.
+Wiring: ``Sm100Backend.gemm`` sends a request here when ``decode_route.use_decode_kernel`` and
+:meth:`DecodeGemm100.supports` say so (``Sm100Backend.route``); ``prepare_gemm`` and the generic path
+stay as they are for the rest.
 
 The plan part (``DecodeConfig``, ``decode_plan``) is pure Python; ``cutlass`` is imported only when a
 kernel is compiled.
