@@ -1,4 +1,4 @@
-"""The NVFP4 GEMMs at every DeepSeek-V4 Flash and Pro shape (issue #44 item 2), on one Hopper GPU.
+"""The NVFP4 GEMMs at every DeepSeek-V4 Flash and Pro shape (issue #44 item 2), on one Hopper or Blackwell GPU.
 
     PYTHONPATH=. python benchmarks/bench_nvfp4_shapes.py --budget-s 500 --json $OUT/bench_nvfp4_shapes.json
     PYTHONPATH=. python benchmarks/bench_nvfp4_shapes.py --models pro --ms 1,4,16   # one model, decode only
@@ -11,7 +11,8 @@ Shapes: ``nvfp4_shapes.gemm_shapes`` (every GEMM of one layer of each kind and t
 real configs; identical shapes of a model timed once). M in {1, 4, 16, 64, 512, 4096} tokens; a routed
 expert GEMM gets M tokens each routed top-k over the model's experts (seeded random routing,
 ``bench_nvfp4_gemm._routing``), ``attn.wo_a`` every token in each of its ``o_groups`` groups. Paths:
-the shipped NVFP4 path (``Sm90Backend.gemm`` / ``.grouped_gemm``; ``fp4_route`` says which kernel it took,
+the shipped NVFP4 path (``Sm90Backend`` / ``Sm100Backend``, by the card: ``nvfp4_arch_kernels.py``;
+``.gemm`` / ``.grouped_gemm``; ``fp4_route`` says which kernel it took,
 and where that is the decode kernel the generic one is timed too, ``gen``), for M <= 16 also ``DecodeGemm``
 (``dg(req)`` / ``dg.grouped(req, check_values=False)``), for dense shapes at M >= 64 the prefill route
 ``PrefillGemm`` (``pre``: exact BF16 dequantization + cuBLAS; its kernel-only time is the capture-safe
@@ -52,7 +53,7 @@ DECODE_MAX = 16
 PRE_FROM = 64                        # PrefillGemm timed from here, below its route threshold too
 SWIGLU_LIMIT = 10.0                  # the configs' swiglu_limit
 COPY_CAP_BYTES = 48 * 2**30          # weight copies of one case (one path at a time) stay under this
-NEEDS = "needs an sm_90 (Hopper) GPU"
+NEEDS = "needs an sm_90 (Hopper) or sm_100 (Blackwell) GPU"
 
 
 def log(msg: str) -> None:
@@ -191,10 +192,10 @@ def copies(per_active: int, active_min: int, bank: int) -> int:
     return max(1, min(copies_for(per_active * active_min), cap // max(bank, 1)))
 
 
-def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skipped: list[str],
-              gen: Any = None, pre: Any = None) -> list[dict]:
-    """Every M of one shape: the FP4 paths first (their weights freed), then the BF16 baseline. ``gen``
-    (``Sm90Backend(routes=False)``) times the generic kernel wherever ``be`` routes the call to
+def run_shape(kit: Any, shape: Any, ms: list[int], deadline: float, skipped: list[str]) -> list[dict]:
+    """Every M of one shape: the FP4 paths first (their weights freed), then the BF16 baseline, with the
+    kernels of ``kit`` (``nvfp4_arch_kernels.ArchKernels``). ``gen`` (the backend with routes off) times
+    the generic kernel wherever ``be`` routes the call to
     the decode kernel (``decode_route``) or ``PrefillGemm`` (``prefill_route``), so each rule is checked in
     the same run; ``pre`` (``PrefillGemm``) is timed on every dense shape from ``PRE_FROM`` tokens, below
     the route's own threshold too, so the crossover is measured, not assumed."""
@@ -202,8 +203,9 @@ def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skip
 
     import bench_nvfp4_gemm as nb
     from dsv4.kernels.contract import ActQuantRequest, GemmRequest, GroupedGemmRequest
-    from dsv4.kernels.cutedsl.sm90.decode_route import use_decode_kernel, use_decode_kernel_grouped
-    from dsv4.kernels.cutedsl.sm90.prefill_route import use_prefill_gemm
+    from nvfp4_arch_kernels import route_of
+
+    be, dg, gen, pre = kit.be, kit.dg, kit.gen, kit.pre
 
     todo = []
     for m in ms:
@@ -241,8 +243,7 @@ def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skip
                 if shape.grouped is None:
                     reqs = [GemmRequest(aq, w, swiglu_limit=limit) for w in ws]
                     measure(row, "fp4", [lambda q=q: be.gemm(q) for q in reqs])
-                    row["fp4_route"] = ("decode" if use_decode_kernel(r, shape.n, shape.k) else
-                                        "prefill" if use_prefill_gemm(r, shape.n, shape.k) else "generic")
+                    row["fp4_route"] = route_of(kit.arch, r, shape.n, shape.k)
                     if gen is not None and row["fp4_route"] != "generic":
                         measure(row, "gen", [lambda q=q: gen.gemm(q) for q in reqs])
                     if pre is not None and r >= PRE_FROM and pre.supports(reqs[0]):
@@ -257,10 +258,10 @@ def run_shape(be: Any, dg: Any, shape: Any, ms: list[int], deadline: float, skip
                     measure(row, "fp4", [lambda q=q: be.grouped_gemm(q, check_values=False) for q in reqs])
                     measure(row, "fp4_checked", [lambda q=q: be.grouped_gemm(q) for q in reqs], graph=False)
                     row["fp4_eager_checked_us"] = row.pop("fp4_checked_eager_us")
-                    row["fp4_route"] = "decode" if use_decode_kernel_grouped(r, E, shape.n, shape.k) else "generic"
+                    row["fp4_route"] = route_of(kit.arch, r, shape.n, shape.k, experts=E)
                     if gen is not None and row["fp4_route"] == "decode":
                         measure(row, "gen", [lambda q=q: gen.grouped_gemm(q, check_values=False) for q in reqs])
-                    if dec:
+                    if dec and kit.grouped_decode:
                         measure(row, "dec", [lambda q=q: dg.grouped(q, check_values=False) for q in reqs])
             except Exception as e:
                 row["errors"].append(f"fp4 case: {type(e).__name__}: {str(e)[:300]}")
@@ -350,7 +351,7 @@ def render(rows: list[dict], hbm: dict, console: Any) -> None:
                   _us(r, "gen"), _us(r, "pre"), _us(r, "bf16"), _pair(r, "x_bf16", "{:.2f}x"), _pair(r, "roof", "{:.0%}"), _met(r),
                   str(len(r["errors"])) if r["errors"] else "")
     console.print(t)
-    for p, label in (("fp4", "shipped Sm90Backend"), ("dec", "DecodeGemm"), ("pre", "PrefillGemm")):
+    for p, label in (("fp4", "shipped backend"), ("dec", "DecodeGemm"), ("pre", "PrefillGemm")):
         judged = [r for r in rows if r.get(f"{p}_met") is not None]
         log(f"{label}: targets met in {sum(bool(r[f'{p}_met']) for r in judged)} of {len(judged)} rows")
     for route, kernel in (("decode", "the decode kernel"), ("prefill", "PrefillGemm")):
@@ -373,22 +374,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+    from nvfp4_arch_kernels import for_this_gpu
+
+    kit = for_this_gpu()
+    if kit is None:
         log(NEEDS)
         return 2
     from bench_sm90_decode_gemm import ERRORS, measure_hbm
     from nvfp4_shapes import model_config, gemm_shapes
 
-    from dsv4.kernels.cutedsl.sm90 import Sm90Backend
-    from dsv4.kernels.cutedsl.sm90.decode_launch import DecodeGemm
-    from dsv4.kernels.cutedsl.sm90.prefill_gemm import PrefillGemm
     from parity.console import make_console
 
     t0 = time.time()
     deadline = t0 + args.budget_s
     torch.manual_seed(0)
-    be, dg, gen = Sm90Backend("cuda"), DecodeGemm("cuda"), Sm90Backend("cuda", routes=False)
-    pre = PrefillGemm("cuda")
     device = torch.cuda.get_device_name()
     hbm = measure_hbm()
     log(f"{device}: HBM read {hbm['read_reduce'] / 1e9:.0f} GB/s, copy {hbm['d2d_copy'] / 1e9:.0f} GB/s")
@@ -400,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     def dump() -> None:
         if path:
             Path(path).write_text(json.dumps(
-                {"bench": "nvfp4_shapes", "device": device, "hbm": hbm, "models": list(args.model_list),
+                {"bench": "nvfp4_shapes", "device": device, "arch": kit.arch, "hbm": hbm, "models": list(args.model_list),
                  "ms": args.m_list, "budget_s": args.budget_s, "seconds": time.time() - t0,
                  "shapes": [s.to_dict() for s in shapes], "rows": rows, "skipped": skipped,
                  "errors": ERRORS}, indent=1, default=str))
@@ -409,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     for phase in ([m for m in args.m_list if m <= DECODE_MAX], [m for m in args.m_list if m > DECODE_MAX]):
         for s in shapes if phase else []:
             try:
-                new = run_shape(be, dg, s, phase, deadline, skipped, gen, pre)
+                new = run_shape(kit, s, phase, deadline, skipped)
             except Exception as e:  # never end the run on one shape
                 new = [{"model": s.model, "shape": s.name, "m": m, "errors": [f"{type(e).__name__}: {e}"[:300]]}
                        for m in phase]

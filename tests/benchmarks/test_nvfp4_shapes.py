@@ -133,10 +133,10 @@ def test_help_answers_at_once_without_torch():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without CUDA")
-def test_without_a_hopper_gpu_main_returns_2(capsys, tmp_path):
+def test_without_a_hopper_or_blackwell_gpu_main_returns_2(capsys, tmp_path):
     b = _bench()
     assert b.main(["--models", "flash", "--ms", "1,4", "--json", str(tmp_path / "x.json")]) == 2
-    assert "needs an sm_90 (Hopper) GPU" in capsys.readouterr().out
+    assert "needs an sm_90 (Hopper) or sm_100 (Blackwell) GPU" in capsys.readouterr().out
     assert not (tmp_path / "x.json").exists()
 
 
@@ -171,3 +171,19 @@ def test_roofline_bytes_and_targets():
     assert row["roofline_us"] == pytest.approx(1.0) and row["fp4_roof"] == pytest.approx(0.5)
     assert row["fp4_x_bf16"] == pytest.approx(3.0) and row["fp4_x_bf16_eager"] == pytest.approx(1.25)
     assert row["fp4_met"] is False and row["dec_met"] is False     # 50 % of roofline; a failed decode time
+
+
+def test_route_of_names_the_kernel_each_arch_picks():
+    """The bench's ``fp4_route`` per arch, from the backends' own rules (sm_100: no prefill route, no
+    grouped decode kernel)."""
+    sys.path.insert(0, str(BENCH))
+    from nvfp4_arch_kernels import route_of
+
+    assert route_of("sm_90", 4, 3072, 7168) == route_of("sm_100", 4, 3072, 7168) == "decode"
+    assert route_of("sm_90", 4, 1536, 7168) == route_of("sm_100", 4, 1536, 7168) == "generic"
+    assert route_of("sm_90", 4096, 3072, 7168) == "prefill" and route_of("sm_100", 4096, 3072, 7168) == "generic"
+    assert route_of("sm_90", 6, 6144, 7168, experts=384) == "decode"
+    assert route_of("sm_100", 6, 6144, 7168, experts=384) == "generic"
+    with pytest.raises(ValueError, match="expected an arch"):
+        route_of("sm_80", 1, 2048, 256)
+
