@@ -277,7 +277,8 @@ class Bench:
         self.t0 = time.perf_counter()
         self.meter = Meter(self.device)
         self.c = bench_config(a.model, a.width, a.layers)
-        self.res: dict[str, Any] = {"bench": "real_width", "model": a.model, "width": a.width, "machine": machine(self.device),
+        self.res: dict[str, Any] = {"bench": "real_width", "model": a.model, "width": a.width,
+                                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(self.device),
                                     "config": config_summary(self.c), "budget_s": a.budget_s, "runs": [], "decode": [],
                                     "harness": [], "probe_capture": [], "skipped": [], "build": {},
                                     "args": sys.argv[1:]}

@@ -4,7 +4,7 @@ A table is what ``benchmarks/bench_real_width.py`` writes (kept under ``benchmar
 real_width*.json``, the card named in it): seconds per layer kind (window / CSA / HCA attention x
 hash / score routing) for the streaming reference and each native backend at a few prefill lengths.
 An estimate picks the table measured on this machine's card; without one it takes the closest (same
-device type first, then the most recent) and scales it, each assumption written beside the number:
+device type first, then the most recent: the bench's date, else the file order) and scales it, each assumption written beside the number:
 
 * another card: per-layer time x (table card's memory bandwidth / this card's), both from
   :data:`BANDWIDTH_TBS` (streamed layers are read and dequantized once per forward: bandwidth-bound);
@@ -100,14 +100,20 @@ def pick_table(tables: Sequence[dict[str, Any]], card: str,
     def own(ts: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return [t for t in ts if model is not None and t.get("model") == model] or list(ts)
 
+    # recency: the bench's date where it wrote one, else the results' file order (_s2 before _s3)
+    order = {id(t): i for i, t in enumerate(tables)}
+
+    def recency(t: dict[str, Any]) -> tuple[str, int]:
+        return t.get("date", ""), order[id(t)]
+
     same = own([t for t in tables if t["machine"]["card"] == card])
     if same:
-        return same[-1], []
+        return max(same, key=recency), []
     fam = card_family(card)
     gpu = fam != "cpu"
     ranked = sorted(tables, key=lambda t: ((card_family(t["machine"]["card"]) != "cpu") == gpu,
                                            card_family(t["machine"]["card"]) == fam,
-                                           model is not None and t.get("model") == model, t.get("wall_s", 0)))
+                                           model is not None and t.get("model") == model, *recency(t)))
     if not ranked:
         return None, []
     t = ranked[-1]

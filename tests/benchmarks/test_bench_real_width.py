@@ -181,6 +181,12 @@ def test_pick_table_prefers_the_models_own_table() -> None:
         t, notes = pick_table(order, "NVIDIA H200", "flash")
         assert t is flash and "scaled from NVIDIA H100 80GB HBM3 (f.json)" in notes[0]
     assert pick_table([flash, pro], card, "tiny")[0] is pro     # no table of the model: the last listed
+    # of two tables of one model, the more recent: its date, else the later file (real_width_pro_h100_s3 after _s2)
+    s2 = {"model": "pro", "machine": {"card": card}, "wall_s": 400, "_file": "s2.json"}
+    s3 = {"model": "pro", "machine": {"card": card}, "wall_s": 300, "_file": "s3.json"}
+    assert pick_table([s2, s3], "NVIDIA B200", "pro")[0] is s3 and pick_table([s2, s3], card, "pro")[0] is s3
+    dated = [{**s3, "date": "2026-12-01T00:00:00Z"}, {**s2, "date": "2026-12-07T00:00:00Z"}]
+    assert pick_table(dated, "NVIDIA B200", "pro")[0] is dated[1] and pick_table(dated, card, "pro")[0] is dated[1]
 
 
 def test_table_shows_the_probe_capture_cost(tiny_run, tmp_path) -> None:
