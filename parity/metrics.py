@@ -241,6 +241,14 @@ def metric_device(device: torch.device | str | None) -> torch.device:
     return d if d.type == "cuda" and torch.cuda.is_available() else torch.device("cpu")
 
 
+def _fits(numel: int, work: torch.dtype, dev: torch.device) -> bool:
+    """Whether one comparison's temporaries fit in half the GPU's free memory: x, y, their difference and
+    a product buffer in ``work``, and the float64 pair with masks of the non-finite path. A long prompt's
+    real-vocabulary logits (32k tokens x 129,280 in FP32: 17 GB each) are compared on the host instead."""
+    need = numel * (4 * work.itemsize + 2 * 8 + 3)
+    return need < 0.5 * torch.cuda.mem_get_info(dev)[0]
+
+
 def _on(t: torch.Tensor, dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """``t`` on ``dev`` as ``dtype``; to a GPU it travels in its own (narrower) dtype and is widened there."""
     t = t.detach()
@@ -264,6 +272,8 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor, device: torch.device | str
     # float32 dot product would put cosine's own noise (~1e-7) above the differences it must resolve.
     work = torch.float64 if torch.float32 in (a.dtype, b.dtype) else torch.float32
     dev = metric_device(device)
+    if dev.type == "cuda" and not _fits(a.numel(), work, dev):
+        dev = torch.device("cpu")
     x = _rows(_on(a, dev, work))
     y = _rows(_on(b, dev, work))
     sums, d = _row_sums(x, y)

@@ -63,3 +63,15 @@ def test_gpu_metrics_count_nonfinite_mismatches_like_the_cpu() -> None:
     cpu, dev = compare_tensors(a, b), compare_tensors(a, b, "cuda")
     assert dev.nonfinite_mismatch == cpu.nonfinite_mismatch == 1
     assert dev.cosine == pytest.approx(cpu.cosine, rel=1e-12)
+
+
+@gpu
+@pytest.mark.gpu
+def test_a_comparison_too_large_for_the_gpu_is_made_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    import parity.metrics as pm
+
+    a, b = _pair(64, 1024, torch.bfloat16, True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *d: (1024, 1 << 40))   # 1 KiB free
+    assert not pm._fits(a.numel(), torch.float32, torch.device("cuda"))
+    assert compare_tensors(a, b, "cuda").scalars() == compare_tensors(a, b).scalars()   # the CPU's, bit for bit
+
