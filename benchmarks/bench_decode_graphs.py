@@ -7,7 +7,7 @@ one teacher-forced token stream (so every path sees the same positions):
 
 * ``eager``  — ``model.decode_step``;
 * ``pieces`` — the decoder's pieces run eagerly on its streams (``capture=False``): the cost of the cut;
-* ``graph``  — ``GraphDecoder`` replays (graphs + eager attention core, MoE dispatch, embedding).
+* ``graph``  — ``GraphDecoder`` replays (graphs + eager attention core and embedding).
 
 Per step: wall time with a device sync (a generation loop needs each token on the host anyway), and
 the device's own work (kernel durations summed from the CUDA profiler over 8 more steps of each path,
@@ -15,7 +15,7 @@ the device's own work (kernel durations summed from the CUDA profiler over 8 mor
 table shows medians after warm-up, the eager/graph ratio, how many segments run as graphs, the
 capture step's time, and whether the graph logits equal the eager logits at every step. A second table
 says where an eager step's time goes: the pieces run one by one with a device sync after each, summed
-by kind (``attn_core`` and ``dispatch`` stay eager in the graph decoder; the rest is replayed). Results are
+by kind (``attn_core`` and ``embed`` stay eager in the graph decoder; the rest is replayed). Results are
 written after each config to ``--json`` or ``$OUT/bench_decode_graphs.json``, so a run cut short by a
 time limit keeps what it measured.
 

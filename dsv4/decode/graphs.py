@@ -1,6 +1,6 @@
 """The CUDA-graph decoder: ``GraphDecoder(model).step(state, token)`` is a drop-in for the native
 model's ``decode_step`` that replays CUDA graphs for the capturable pieces of a step
-(:mod:`dsv4.decode.pieces`) and runs the rest (attention core, MoE dispatch, embedding) eagerly.
+(:mod:`dsv4.decode.pieces`) and runs the rest (attention core, embedding) eagerly.
 
 Streams and devices. Every segment runs on an explicit ``torch.cuda.Stream(device=...)`` of its
 device, inside ``torch.cuda.device(...)``: it is captured on that stream (``capture_begin`` with a

@@ -11,9 +11,9 @@ Per layer i (``G`` = capturable, ``E`` = eager):
 
 * ``L{i}.attn_pre``  G  mHC mix + collapse, attn_norm, q / kv projections, RoPE at the static position
 * ``L{i}.attn_core`` E  window ring, compressor, indexer, sparse softmax, inverse RoPE: the cache sizes
-  grow with the position and ``attend`` host-reads positions (``searchsorted``)
+  grow with the position (no host read: ``attend`` takes its window bounds from the host's ``start``)
 * ``L{i}.attn_out``  G  grouped output projection, mHC post, mHC mix + collapse, ffn_norm, router
-* ``L{i}.dispatch``  E  MoE dispatch: ``bincount`` host-reads the expert ids on CUDA
+* ``L{i}.dispatch``  G  MoE dispatch: stable argsort, expert counts by a scatter, offsets
 * ``L{i}.ffn``       G  experts (grouped GEMMs on the offsets), shared expert, mHC post
 * ``embed`` E (the token id comes from the host), ``head`` G; ``X{i}@dev`` transfers (E) where
   consecutive layers sit on different devices.
@@ -183,7 +183,7 @@ def _layer_pieces(model: Any, i: int, dev: str, x_name: str, buf: Buffers, cur: 
         entries = a.compressed_entries(xn, cache, start)
         topk = None if a.indexer is None else a.indexer(xn, NormedInput(buf[p + "q_lat"], a.q_norm), positions,
                                                          cache, start)
-        o = a.attend(buf[p + "q"], raw, raw_pos, entries, topk, positions)
+        o = a.attend(buf[p + "q"], raw, raw_pos, entries, topk, positions, start=start)
         return {p + "o": a.apply_rope(o, positions, inverse=True)}
 
     def attn_out() -> dict[str, torch.Tensor]:
@@ -208,5 +208,5 @@ def _layer_pieces(model: Any, i: int, dev: str, x_name: str, buf: Buffers, cur: 
         return {f"X{i + 1}": blk.hc_ffn.post(out, buf[p + "Xa"], buf[p + "post2"], buf[p + "comb2"])}
 
     return [Piece(p + "attn_pre", i, True, attn_pre), Piece(p + "attn_core", i, False, attn_core),
-            Piece(p + "attn_out", i, True, attn_out), Piece(p + "dispatch", i, False, dispatch),
+            Piece(p + "attn_out", i, True, attn_out), Piece(p + "dispatch", i, True, dispatch),
             Piece(p + "ffn", i, True, ffn)]

@@ -93,14 +93,24 @@ class Attention:
         return entries[topk.clamp(min=0)], topk >= 0
 
     def attend(self, q: torch.Tensor, raw: torch.Tensor, raw_pos: torch.Tensor, entries: torch.Tensor | None,
-               topk: torch.Tensor | None, positions: torch.Tensor) -> torch.Tensor:
-        """One softmax over the window keys and the compressed keys, in query chunks -> BF16 ``[T, H, d]``."""
+               topk: torch.Tensor | None, positions: torch.Tensor, *, start: int | None = None) -> torch.Tensor:
+        """One softmax over the window keys and the compressed keys, in query chunks -> BF16 ``[T, H, d]``.
+
+        ``start``: the first query's position, where ``positions`` are ``start, start + 1, ...`` and
+        ``raw_pos`` the consecutive positions ending at the last query's (as :meth:`window_keys` returns
+        them): each chunk's window bounds then come from host integers instead of two ``searchsorted``
+        host reads, each a device synchronization in every decode step."""
         out = []
         for a in range(0, q.shape[0], QUERY_CHUNK):
             b = min(a + QUERY_CHUNK, q.shape[0])
             pos = positions[a:b]
-            lo = int(torch.searchsorted(raw_pos, pos[0] - self.window + 1))
-            hi = int(torch.searchsorted(raw_pos, pos[-1], right=True))
+            if start is None:
+                lo = int(torch.searchsorted(raw_pos, pos[0] - self.window + 1))
+                hi = int(torch.searchsorted(raw_pos, pos[-1], right=True))
+            else:
+                first, n = start + q.shape[0] - raw_pos.shape[0], raw_pos.shape[0]
+                lo = min(max(start + a - self.window + 1 - first, 0), n)
+                hi = min(max(start + b - first, 0), n)
             kw, kpos = raw[lo:hi], raw_pos[lo:hi]
             valid_w = (kpos[None, :] <= pos[:, None]) & (kpos[None, :] > pos[:, None] - self.window)
             parts = [(kw, valid_w)]
@@ -156,7 +166,7 @@ class Attention:
         raw, raw_pos = self.window_keys(self.apply_rope(kv, positions), cache, start)
         entries = self.compressed_entries(x, cache, start)
         topk = None if self.indexer is None else self.indexer(x, q_lat, positions, cache, start)
-        o = self.apply_rope(self.attend(q, raw, raw_pos, entries, topk, positions), positions, inverse=True)
+        o = self.apply_rope(self.attend(q, raw, raw_pos, entries, topk, positions, start=start), positions, inverse=True)
         probes.emit(self.prefix + "attn.core", o)
         out = self.output(o)
         probes.emit(self.prefix + "attn.out", out)

@@ -117,8 +117,8 @@ class WindowCache:
         if self.slots is None:
             self.slots = rows.empty_like(self.size)
         keep = min(n, self.size)   # older rows of a long chunk would be overwritten anyway
-        pos = torch.arange(start + n - keep, start + n)
-        slot = (pos % self.size).to(next(iter(rows.parts.values())).device)
+        # made on the rows' device: a CPU arange copied there is a synchronizing copy every decode step
+        slot = torch.arange(start + n - keep, start + n, device=next(iter(rows.parts.values())).device) % self.size
         for k, v in self.slots.parts.items():
             v[slot] = rows.parts[k][n - keep:]
         self.length = start + n
@@ -128,8 +128,7 @@ class WindowCache:
         count = min(count, self.length, self.size)
         if count == 0 or self.slots is None:
             return None
-        pos = torch.arange(self.length - count, self.length)
-        slot = (pos % self.size).to(next(iter(self.slots.parts.values())).device)
+        slot = torch.arange(self.length - count, self.length, device=next(iter(self.slots.parts.values())).device) % self.size
         return self.slots.take(slot)
 
 

@@ -42,7 +42,9 @@ class MoE:
         """``ids [T, k]`` -> (row order into the flattened pairs, token of each row, int32 offsets [E+1])."""
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.n_experts)
+        # counted by a scatter, not torch.bincount: on CUDA bincount reads the ids' maximum on the host, a
+        # synchronization every layer of every decode step (integer adds: deterministic in any order)
+        counts = torch.zeros(self.n_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
         return order, order // ids.shape[1], group_offsets(counts)
 
     def apply_route_weight(self, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

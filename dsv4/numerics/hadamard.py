@@ -32,5 +32,5 @@ def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
         a, b = t[:, :, 0, :], t[:, :, 1, :]
         y = torch.stack((a + b, a - b), dim=2).reshape(-1, n)
         h *= 2
-    scale = torch.tensor(1.0 / math.sqrt(n), dtype=work, device=x.device)
+    scale = torch.full((), 1.0 / math.sqrt(n), dtype=work, device=x.device)   # no host-to-device copy
     return (y * scale).reshape(x.shape).to(x.dtype)

@@ -32,7 +32,8 @@ def pow2_ceil_exponent(amax: torch.Tensor, max_value: float, amax_floor: float) 
     is only valid there). Returns ``(k int32, finite bool)``; where ``amax`` is NaN or Inf, ``k`` is
     meaningless and ``finite`` is False (callers emit a NaN scale there).
     """
-    inv = torch.tensor(1.0 / max_value, dtype=torch.float32, device=amax.device)  # fp32-rounded 1/max
+    # fp32-rounded 1/max, filled on the device (a torch.tensor(..., device=) is a synchronizing copy)
+    inv = torch.full((), 1.0 / max_value, dtype=torch.float32, device=amax.device)
     finite = torch.isfinite(amax)
     a = torch.where(finite, amax, torch.zeros_like(amax)).clamp(min=amax_floor)
     y = a * inv

@@ -49,10 +49,10 @@ def test_pieces_across_two_device_names_transfer_the_streams_once() -> None:
     _compare(m, 3)
 
 
-def test_only_the_cache_and_dispatch_pieces_are_eager() -> None:
+def test_only_the_embedding_and_attention_core_pieces_are_eager() -> None:
     m = dsv4.load_model("tiny", plan="all-bf16", backend="emulated")
     eager = [p.name for p in build_pieces(m, Buffers(), StepInput()) if not p.graphable]
-    assert eager == ["embed"] + [f"L{i}.{k}" for i in range(4) for k in ("attn_core", "dispatch")]
+    assert eager == ["embed"] + [f"L{i}.attn_core" for i in range(4)]
 
 
 def test_buffers_keep_their_storage_and_reject_a_changed_shape() -> None:
@@ -101,5 +101,5 @@ def test_the_decode_benchmark_breakdown_sums_every_piece_kind_once_per_step() ->
     assert set(ms) == {"embed", "attn_pre", "attn_core", "attn_out", "dispatch", "ffn", "head"}
     assert all(v > 0 for v in ms.values())
     eager_kinds = {k for k, g in out["graphable"].items() if not g}
-    assert eager_kinds == {"embed", "attn_core", "dispatch"}
+    assert eager_kinds == {"embed", "attn_core"}
     assert out["eager_by_design_ms"] + out["graphable_ms"] == pytest.approx(sum(ms.values()))

@@ -111,7 +111,8 @@ def test_trace_of_the_real_model_on_cpu_names_the_position_dependent_code() -> N
     kinds = {k for k, _, _ in found}
     assert {"step_scalar", "step_shape", "data_dependent", "control_flow"} <= kinds
     assert ("step_scalar", "dsv4/layers/attention.py", "arange.start") in found         # positions = arange(start)
-    assert ("data_dependent", "dsv4/layers/moe.py", "bincount.default") in found        # MoE dispatch counts
+    # the MoE dispatch counts by a scatter: nothing in moe.py depends on the data's values for its shapes
+    assert not any(k == "data_dependent" and loc == "dsv4/layers/moe.py" for k, loc, _ in found)
     assert any(k == "step_shape" and loc == "dsv4/layers/compressor.py" for k, loc, _ in found)   # the open block
     assert any(k == "control_flow" and loc.startswith("dsv4/layers/compressor.py") for k, loc, _ in found)
 
@@ -191,8 +192,14 @@ def test_readiness_on_hopper_kernels_is_ready(tmp_path: Path) -> None:
     rep = json.loads(Path(js).read_text())
     assert rc == 0, buf.getvalue()
     assert rep["ready"] and rep["graph_matches_eager"]
-    assert rep["syncs"], "an eager decode_step host-syncs (attention's searchsorted, the MoE bincount)"
-    assert any("attention.py" in s[0] for s in rep["syncs"])
+    assert rep["syncs"], "an eager decode_step host-syncs (the kernels' contract checks of offsets)"
+    # none left in the attention core and the MoE dispatch, the eager pieces of a graph decode step (the
+    # window bounds come from host integers, constants and slot indices are made on the device, the
+    # expert counts by a scatter); an H100 run before counted 39 a step there (searchsorted, CPU aranges
+    # and torch.tensor constants copied to the GPU, bincount)
+    eager_files = ("attention.py", "kv_cache.py", "ue8m0.py", "hadamard.py", "fp8.py", "moe.py", "compressor.py",
+                   "indexer.py")
+    assert not [s for s in rep["syncs"] if any(f in s[0] for f in eager_files)], rep["syncs"]
     assert rep["capture"]["ok"] is False and rep["capture"]["location"].startswith("dsv4/")
     assert sum(s["mode"] == "graph" for s in rep["segments"]) >= 2 * 4   # per layer: attn_pre+attn_out (+ffn)
     assert torch.randn(8, device="cuda").isfinite().all()   # the failed whole-step capture left CUDA RNG usable
@@ -227,5 +234,6 @@ def test_the_whole_check_runs_on_the_cpu_with_a_fake_cuda_runtime() -> None:
     modes = {s["name"]: s["mode"] for s in rep.segments}
     assert modes["L0.attn_pre"] == "graph" and modes["L0.attn_out"] == "eager"
     assert not rep.ready and len(rep.fallbacks) == 8        # attn_out and ffn of 4 layers host-read offsets
-    assert any(f.kind == "data_dependent" and "moe.py" in f.location for f in rep.findings)
+    assert not any(f.kind == "data_dependent" and "moe.py" in f.location for f in rep.findings)
+    assert all(modes[f"L{i}.dispatch"] == "graph" for i in range(4))   # no host read left in the dispatch
     assert "NOT READY: 8 capturable segment(s) run eagerly" in _text(rep)

@@ -61,6 +61,25 @@ def test_attend_matches_a_dense_per_query_loop(kind):
     torch.testing.assert_close(got.double(), ref, rtol=2e-2, atol=2e-2)
 
 
+
+@pytest.mark.parametrize("start,T", [(0, 1), (3, 1), (40, 1), (0, 300), (17, 600), (5, 257)])
+def test_window_bounds_from_the_start_position_equal_the_searchsorted_ones(start, T, monkeypatch):
+    """``attend(..., start=)`` takes each query chunk's window bounds from host integers (no host read of
+    the positions); with the keys ``window_keys`` returns they are the ``searchsorted`` bounds, bit for bit,
+    decode steps and prefill chunks wider than a query chunk alike."""
+    import dsv4.layers.attention as A
+
+    monkeypatch.setattr(A, "QUERY_CHUNK", 128)
+    att = build_attention(0)
+    positions = torch.arange(start, start + T)
+    first = max(0, start - WINDOW + 1)
+    raw_pos = torch.arange(first, start + T)
+    q = rand(T, HEADS, HEAD_DIM, seed=6).to(torch.bfloat16)
+    raw = rand(len(raw_pos), HEAD_DIM, seed=7).to(torch.bfloat16)
+    want = att.attend(q, raw, raw_pos, None, None, positions)
+    assert torch.equal(att.attend(q, raw, raw_pos, None, None, positions, start=start), want)
+
+
 def test_keys_outside_the_window_do_not_matter():
     att = build_attention(0)
     T = 20
