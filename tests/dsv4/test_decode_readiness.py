@@ -219,6 +219,25 @@ def test_readiness_with_the_emulated_backend_reports_its_host_reads(tmp_path: Pa
     assert torch.randn(8, device="cuda").isfinite().all()   # the failed captures left CUDA RNG usable
 
 
+
+def test_the_attention_core_and_dispatch_read_nothing_on_the_host() -> None:
+    """Traced on the CPU, a decode step's attention core and MoE dispatch have no op that synchronizes
+    on CUDA: no host read of a device value (``item``/``int``, ``bincount``'s size) and no constant made
+    on the host (``torch.tensor``: a copy to the GPU). Before, 39 such synchronizations a step came from
+    there on an H100 (searchsorted window bounds, bincount, FP8 / Hadamard constants)."""
+    torch.set_num_threads(1)
+    m = dsv4.load_model("tiny", plan="default", backend="emulated")
+    with torch.no_grad():
+        _, state = m.prefill((torch.arange(30, dtype=torch.int64) * 7 + 3) % 512)
+    events = [e for step in trace_steps(m, state, [5] * 2) for e in step]
+    files = ("layers/attention.py", "layers/kv_cache.py", "layers/compressor.py", "layers/indexer.py",
+             "layers/moe.py", "numerics/ue8m0.py", "numerics/hadamard.py", "numerics/fp8.py")
+    syncing = ("aten._local_scalar_dense", "aten.bincount", "aten.lift_fresh", "aten.nonzero", "aten.searchsorted")
+    bad = [(e.op, e.location) for e in events if e.op.startswith(syncing) and any(f in e.location for f in files)]
+    assert not bad, bad
+    assert any(e.op.startswith("aten._local_scalar_dense") for e in events)   # the tracer sees host reads
+
+
 def test_the_whole_check_runs_on_the_cpu_with_a_fake_cuda_runtime() -> None:
     """The CUDA path of ``check`` (capture attempt, piecewise decoder, op traces) driven on the CPU by
     the replaying fake runtime of test_decode_graphs_logic.py: no Python error can wait for the GPU."""
