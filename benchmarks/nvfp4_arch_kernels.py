@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 ARCHS = {9: "sm_90", 10: "sm_100"}
-NEEDS = "needs an sm_90 (Hopper) or sm_100 (Blackwell) GPU"
 
 
 @dataclass

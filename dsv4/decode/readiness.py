@@ -129,7 +129,6 @@ class Report:
     segments: list[dict[str, Any]] = field(default_factory=list)
     graph_matches_eager: bool | None = None
     mismatch: str = ""
-    generator_restored: bool = False   # a failed capture had left the default CUDA generator stuck
 
     @property
     def fallbacks(self) -> list[dict[str, Any]]:
@@ -200,10 +199,6 @@ def check(model: Any, prompt: torch.Tensor, *, trace_steps_n: int, streams: int,
             rep.mismatch, same = str(e), False
         rep.graph_matches_eager = same
         rep.segments = [asdict(s) for s in dec.report()]
-    if runtime is None:   # whatever capture failed above, the caller's CUDA RNG keeps working
-        from .graphs import restore_default_generator
-        with rt.on_device(dev):
-            rep.generator_restored = restore_default_generator()
     return rep
 
 

@@ -158,14 +158,14 @@ def dense_routes(backend: Any) -> list[tuple[str, Callable[[GemmRequest], torch.
 
 def _audit_dense(routes: Sequence[tuple[str, Callable[[GemmRequest], torch.Tensor]]], mod: Any,
                  result: WeightAudit, chunk_rows: int) -> None:
-    """Both passes through every route; the reference's view of the stored global-scale pass is made once
-    and shared by the routes (pass 1, only after a finding, is made where needed)."""
+    """Both passes through every route; the reference's view of each pass is made once (pass 1 only
+    after a finding) and shared by the routes."""
     w = mod.weight_operand()
     n, k = w.rows, w.k
     scales = linear_scales(w)
     result.weights += n * k
     passes = _passes(w.global_scale)
-    want_g: torch.Tensor | None = None
+    want: dict[int, torch.Tensor] = {}           # pass index -> the reference's view [K, N]
     for route, gemm in routes:
         found: list[WeightMismatch] = []
         for pi in (1, 0):                          # pass 2; pass 1 only after a finding (listed first)
@@ -174,9 +174,9 @@ def _audit_dense(routes: Sequence[tuple[str, Callable[[GemmRequest], torch.Tenso
             result.passes_run += 1
             passname, g = passes[pi]
             op = FP4Operand(w.packed, w.scales, g, k=k, scale_layout=w.scale_layout)
-            if pi == 1 and want_g is None:
-                want_g = _reference_view(w.packed, scales, g.to(torch.float32), k).T  # [K, N]
-            want_all = want_g if pi == 1 else _reference_view(w.packed, scales, g.to(torch.float32), k).T
+            if pi not in want:
+                want[pi] = _reference_view(w.packed, scales, g.to(torch.float32), k).T
+            want_all = want[pi]
             bad, examples = 0, []
             for k0 in range(0, k, chunk_rows):
                 rows = range(k0, min(k, k0 + chunk_rows))

@@ -150,9 +150,9 @@ class Sm100Backend:
 
     def gemm(self, req: GemmRequest) -> torch.Tensor:
         req.validate()
-        arch = self._check_device(req.a.packed)
         if self.route(req) == "decode kernel":
-            return self._decoder()(req)
+            return self._decoder()(req, validated=True)   # it checks the device itself
+        arch = self._check_device(req.a.packed)
         return self._run(self._prepare_gemm(req), arch)
 
     def grouped_gemm(self, req: GroupedGemmRequest, *, check_values: bool = True) -> torch.Tensor:

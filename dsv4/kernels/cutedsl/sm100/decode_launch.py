@@ -185,10 +185,12 @@ class DecodeGemm100(LaunchResources):
     def plan(self, m: int, n: int, k: int, swiglu: bool) -> DecodePlan:
         return decode_plan(m, n, k, swiglu=swiglu, num_sms=self._sms(), **self.plan_kw)
 
-    def prepare(self, req: GemmRequest) -> tuple[torch.Tensor, torch.Tensor]:
+    def prepare(self, req: GemmRequest, *, validated: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Validate (everything a launch needs, device-agnostic) and return the swizzled (weight, token)
-        scales. Raises ``KernelContractError`` naming expected vs found."""
-        req.validate()
+        scales. Raises ``KernelContractError`` naming expected vs found. ``validated``: the caller
+        (``Sm100Backend.gemm``) has run ``req.validate()`` already."""
+        if not validated:
+            req.validate()
         a, b = req.a, req.b
         expect(1 <= a.rows <= MAX_TOKENS, "decode GEMM tokens (a.rows)", f"1..{MAX_TOKENS}", a.rows)
         n_out = req.out_shape[1]
@@ -201,8 +203,8 @@ class DecodeGemm100(LaunchResources):
                "one FP32 value each (dense GEMM)", (a.global_scale.numel(), b.global_scale.numel()))
         return wsf, xsf
 
-    def __call__(self, req: GemmRequest) -> torch.Tensor:
-        wsf, xsf = self.prepare(req)
+    def __call__(self, req: GemmRequest, *, validated: bool = False) -> torch.Tensor:
+        wsf, xsf = self.prepare(req, validated=validated)
         a, b = req.a, req.b
         check_cuda(a.packed, "operands")
         cap = torch.cuda.get_device_capability(a.device)
