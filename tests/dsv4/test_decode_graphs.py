@@ -89,7 +89,13 @@ def test_graph_replay_equals_eager_on_any_device_index(index: int, request: pyte
     assert diffs == [0.0] * STEPS, diffs
     graphable = [s for s in rep if s.reason != "eager by design"]
     assert graphable and all(s.mode == "graph" for s in graphable), [(s.name, s.reason) for s in graphable]
-    assert sum(s.mode == "graph" for s in rep) == 2 * len(model.blocks) + 1   # pre, out+ffn+pre chains, head
+    # every capturable piece sits in a graph; with the MoE dispatch capturable, a layer's attn_out, dispatch
+    # and ffn chain into the next layer's attn_pre (or the head): L0.attn_pre alone, then one chain a layer
+    graphed = {p for s in rep if s.mode == "graph" for p in s.pieces}
+    L = len(model.blocks)
+    want = {f"L{i}.{k}" for i in range(L) for k in ("attn_pre", "attn_out", "dispatch", "ffn")} | {"head"}
+    assert graphed == want, sorted(want ^ graphed)
+    assert sum(s.mode == "graph" for s in rep) == L + 1, [s.name for s in rep]
 
 
 @pytest.mark.sm90
