@@ -9,10 +9,13 @@ instead of drifting; the GPU tests check the same through graphs.
 
 Per layer i (``G`` = capturable, ``E`` = eager):
 
-* ``L{i}.attn_pre``  G  mHC mix + collapse, attn_norm, q / kv projections, RoPE at the static position
-* ``L{i}.attn_core`` E  window ring, compressor, indexer, sparse softmax, inverse RoPE: the cache sizes
-  grow with the position (no host read: ``attend`` takes its window bounds from the host's ``start``)
-* ``L{i}.attn_out``  G  grouped output projection, mHC post, mHC mix + collapse, ffn_norm, router
+* ``L{i}.attn_pre``  G  mHC mix + collapse, attn_norm, q / kv projections, RoPE at the static position,
+  and the rest of the new token's own work: its window row encoded and decoded, the compressors' projections, the
+  indexer's treated query and head weights
+* ``L{i}.attn_core`` E  window ring, compressor pooling, indexer scores and top-k, sparse softmax: the
+  cache sizes grow with the position (no host read: ``attend`` takes its window bounds from
+  the host's ``start``)
+* ``L{i}.attn_out``  G  inverse RoPE, grouped output projection, mHC post, mHC mix + collapse, ffn_norm, router
 * ``L{i}.dispatch``  G  MoE dispatch: stable argsort, expert counts by a scatter, offsets
 * ``L{i}.ffn``       G  experts (grouped GEMMs on the offsets), shared expert, mHC post
 * ``embed`` E (the token id comes from the host), ``head`` G; ``X{i}@dev`` transfers (E) where
@@ -30,6 +33,8 @@ from typing import Any, Callable
 import torch
 
 from ..layers.norm import NormedInput, take_rows
+
+INDEXER_PREPARED = ("i.q", "i.w", "i.kv", "i.gate")   # Indexer.prepare's outputs, in order
 
 
 class GraphDecoderError(RuntimeError):
@@ -173,21 +178,32 @@ def _layer_pieces(model: Any, i: int, dev: str, x_name: str, buf: Buffers, cur: 
         pre, post, comb = blk.hc_attn.mix(X)
         xn = blk.attn_norm.defer(blk.hc_attn.collapse(X, pre))
         q, q_lat = a.query(xn)
-        return {p + "post": post, p + "comb": comb, p + "x": xn.raw, p + "q_lat": q_lat.raw,
-                p + "q": a.apply_rope(q, buf[pos]), p + "kv": a.apply_rope(a.key_value(xn), buf[pos])}
+        kv = a.apply_rope(a.key_value(xn), buf[pos])
+        out = {p + "post": post, p + "comb": comb, p + "x": xn.raw, p + "q_lat": q_lat.raw,
+               p + "q": a.apply_rope(q, buf[pos]), p + "kv": kv}
+        # the new token's own work, whatever the caches hold, is captured here, not in the eager core:
+        # the window row's encoding, the compressors' projections, the indexer's treated query and weights
+        out[p + "kv.stored"] = a.kv_storage.roundtrip(kv)
+        if a.compressor is not None:
+            out[p + "c.kv"], out[p + "c.gate"] = a.compressor.project(xn)
+        if a.indexer is not None:
+            out.update({p + n: t for n, t in zip(INDEXER_PREPARED, a.indexer.prepare(xn, q_lat, buf[pos]))})
+        return out
 
     def attn_core() -> dict[str, torch.Tensor]:
         cache, start, positions = cur.state.layers[i], cur.start, buf[pos]
         xn = NormedInput(buf[p + "x"], blk.attn_norm)
-        raw, raw_pos = a.window_keys(buf[p + "kv"], cache, start)
-        entries = a.compressed_entries(xn, cache, start)
-        topk = None if a.indexer is None else a.indexer(xn, NormedInput(buf[p + "q_lat"], a.q_norm), positions,
-                                                         cache, start)
-        o = a.attend(buf[p + "q"], raw, raw_pos, entries, topk, positions, start=start)
-        return {p + "o": a.apply_rope(o, positions, inverse=True)}
+        raw, raw_pos = a.window_keys(buf[p + "kv"], cache, start, buf[p + "kv.stored"])
+        entries = None if a.compressor is None else a.compressed_entries(xn, cache, start,
+                                                                        (buf[p + "c.kv"], buf[p + "c.gate"]))
+        topk = None if a.indexer is None else a.indexer(
+            xn, NormedInput(buf[p + "q_lat"], a.q_norm), positions, cache, start,
+            tuple(buf[p + n] for n in INDEXER_PREPARED))
+        return {p + "o": a.attend(buf[p + "q"], raw, raw_pos, entries, topk, positions, start=start)}
 
     def attn_out() -> dict[str, torch.Tensor]:
-        X = blk.hc_attn.post(a.output(buf[p + "o"]), buf[x_name], buf[p + "post"], buf[p + "comb"])
+        o = a.apply_rope(buf[p + "o"], buf[pos], inverse=True)    # static shape: captured, not in the core
+        X = blk.hc_attn.post(a.output(o), buf[x_name], buf[p + "post"], buf[p + "comb"])
         pre, post, comb = blk.hc_ffn.mix(X)
         xn = blk.ffn_norm.defer(blk.hc_ffn.collapse(X, pre))
         ids, weights = moe.router(xn, buf[tok])

@@ -136,23 +136,37 @@ class Attention:
         return self.wo_b(z)
 
     # ---- caches ------------------------------------------------------------------------------
-    def window_keys(self, kv: torch.Tensor, cache: LayerCache, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the new rows; return every raw key a new query can see (decoded) and its positions."""
-        new = self.kv_storage.encode(kv)
+    def window_keys(self, kv: torch.Tensor, cache: LayerCache, start: int, stored: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the new rows; return every raw key a new query can see (as stored: encoded, then decoded)
+        and its positions. ``stored``: ``kv_storage.roundtrip(kv)`` made earlier (in a graph decode step's
+        captured piece). The ring keeps the rows decoded (decoding is row by row: bit for bit the same)."""
+        new = self.kv_storage.roundtrip(kv) if stored is None else stored
         prev: StoredKV | None = cache.window.recent(self.window - 1)
-        rows = new if prev is None else prev.cat(new)
-        cache.window.write(start, new)
+        rows = new if prev is None else torch.cat((prev.parts["kv"], new))
+        cache.window.write(start, StoredKV({"kv": new}))
         first = start + kv.shape[0] - len(rows)
-        return self.kv_storage.decode(rows), torch.arange(first, start + kv.shape[0], device=kv.device)
+        return rows, torch.arange(first, start + kv.shape[0], device=kv.device)
 
-    def compressed_entries(self, x: torch.Tensor | NormedInput, cache: LayerCache, start: int) -> torch.Tensor | None:
+    def compressed_entries(self, x: torch.Tensor | NormedInput, cache: LayerCache, start: int,
+                           projected: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | None:
+        """Feed the compressor; store its new entries; return every entry so far, decoded. The decoded
+        entries are kept beside the stored ones (decoding is row by row, so appending the new rows'
+        decoding is the decoding of the whole, bit for bit): a decode step neither decodes the whole
+        cache again nor encodes the empty block of a step that closes none (most steps)."""
         if self.compressor is None:
             return None
-        new, _ = self.compressor(x, cache.compressor, start)
+        new, _ = self.compressor(x, cache.compressor, start, projected)
+        if new.shape[0] == 0 and cache.compressed is not None:
+            probes.emit(self.prefix + "attn.compressed_kv", cache.compressed_decoded[:0])
+            return cache.compressed_decoded
         stored = self.kv_storage.encode(new)
-        probes.emit(self.prefix + "attn.compressed_kv", self.kv_storage.decode(stored))
-        cache.compressed = stored if cache.compressed is None else cache.compressed.cat(stored)
-        return self.kv_storage.decode(cache.compressed)
+        decoded = self.kv_storage.decode(stored)
+        probes.emit(self.prefix + "attn.compressed_kv", decoded)
+        first = cache.compressed is None
+        cache.compressed = stored if first else cache.compressed.cat(stored)
+        cache.compressed_decoded = decoded if first else torch.cat((cache.compressed_decoded, decoded))
+        return cache.compressed_decoded
 
     # ---- forward -----------------------------------------------------------------------------
     def __call__(self, x: torch.Tensor | NormedInput, cache: LayerCache, start: int) -> torch.Tensor:

@@ -73,10 +73,12 @@ class Compressor:
         pos = torch.arange(first, first + entries.shape[0], device=entries.device) * self.ratio
         return self.rope.apply(entries, pos)
 
-    def __call__(self, x: torch.Tensor | NormedInput, state: CompressorState, start: int) -> tuple[torch.Tensor, int]:
-        """Feed the tokens at positions ``start..start+T-1``; returns ``(new entries BF16 [B, c], first index)``."""
+    def __call__(self, x: torch.Tensor | NormedInput, state: CompressorState, start: int,
+                 projected: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, int]:
+        """Feed the tokens at positions ``start..start+T-1``; returns ``(new entries BF16 [B, c], first index)``.
+        ``projected``: ``project(x)`` made earlier (a graph decode step projects in a captured piece)."""
         m = self.ratio
-        kv, gate = self.project(x)
+        kv, gate = self.project(x) if projected is None else projected
         buffered = 0 if state.tail_kv is None else int(state.tail_kv.shape[0])
         first = state.entries
         if start - buffered != first * m:

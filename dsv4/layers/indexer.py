@@ -80,19 +80,29 @@ class Indexer:
         idx = torch.where(idx < limit, idx, torch.full_like(idx, big)).sort(dim=-1).values
         return torch.where(idx == big, torch.full_like(idx, -1), idx)
 
-    def update_keys(self, x: torch.Tensor | NormedInput, cache: LayerCache, start: int) -> torch.Tensor:
-        new, _ = self.compressor(x, cache.index_compressor, start)
+    def update_keys(self, x: torch.Tensor | NormedInput, cache: LayerCache, start: int,
+                    projected: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        new, _ = self.compressor(x, cache.index_compressor, start, projected)
         probes.emit(self.prefix + "attn.indexer.k", new)
+        if new.shape[0] == 0 and cache.index_keys is not None:
+            return cache.index_keys     # no block closed: nothing to rotate (most decode steps)
         new = self.rotate_quantize(new)
         cache.index_keys = new if cache.index_keys is None else torch.cat((cache.index_keys, new))
         return cache.index_keys
 
-    def __call__(self, x: torch.Tensor | NormedInput, q_lat: torch.Tensor | NormedInput, positions: torch.Tensor,
-                 cache: LayerCache, start: int) -> torch.Tensor:
+    def prepare(self, x: torch.Tensor | NormedInput, q_lat: torch.Tensor | NormedInput, positions: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+        """The work on the new tokens alone, whatever the caches hold: the treated query, the head weights
+        and the compressor's projections (a graph decode step makes them in a captured piece)."""
         q = self.apply_rope(self.query(q_lat), positions)
         probes.emit(self.prefix + "attn.indexer.q", q)
-        keys = self.update_keys(x, cache, start)
-        masked = self.causal_mask(self.scores(self.rotate_quantize(q), keys, self.head_weights(x)), positions)
+        return (self.rotate_quantize(q), self.head_weights(x)) + self.compressor.project(x)
+
+    def __call__(self, x: torch.Tensor | NormedInput, q_lat: torch.Tensor | NormedInput, positions: torch.Tensor,
+                 cache: LayerCache, start: int, prepared: tuple[torch.Tensor, ...] | None = None) -> torch.Tensor:
+        q, w, kv, gate = self.prepare(x, q_lat, positions) if prepared is None else prepared
+        keys = self.update_keys(x, cache, start, (kv, gate))
+        masked = self.causal_mask(self.scores(q, keys, w), positions)
         probes.emit(self.prefix + "attn.indexer.scores", masked)
         topk = self.select(masked, positions)
         probes.emit(self.prefix + "attn.indexer.topk", topk)

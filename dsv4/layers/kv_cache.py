@@ -103,7 +103,9 @@ KV_STORAGES: dict[str, type[KVStorage]] = {"fp8": Fp8KVStorage, "bf16": Bf16KVSt
 
 
 class WindowCache:
-    """Ring buffer of ``size`` encoded rows; position p lives in slot ``p % size``."""
+    """Ring buffer of ``size`` rows; position p lives in slot ``p % size``. The trunk's attention stores
+    its rows decoded (each encoded and decoded once, so the numbers are the stored format's) and does
+    not decode the whole window again at every step; the DSpark rings store them encoded."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -152,6 +154,7 @@ class LayerCache:
     window: WindowCache
     length: int = 0
     compressed: StoredKV | None = None          # attention compressed entries (encoded)
+    compressed_decoded: torch.Tensor | None = None   # the same, decoded (what attention reads)
     index_keys: torch.Tensor | None = None      # indexer keys, after Hadamard / fake quant when planned
     compressor: CompressorState = field(default_factory=CompressorState)
     index_compressor: CompressorState = field(default_factory=CompressorState)
