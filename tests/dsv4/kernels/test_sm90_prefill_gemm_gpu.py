@@ -84,6 +84,22 @@ def test_prefill_gemm_in_a_cuda_graph_matches_the_bound(pg):
     _check_gemm(out, _deq(a), _deq(b), (a.global_scale * b.global_scale).double(), 2048, "prefill in graph")
 
 
+def test_prefill_gemm_in_l2_sized_column_blocks_matches_the_bound_in_a_graph():
+    """With a (pretend) 1 MiB L2 a 256 x 1000 product is made in FP32 blocks of 384 columns (the last one
+    232 wide); captured and replayed, every output element stays within the bound."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
+    from dsv4.kernels.cutedsl.sm90.prefill_gemm import PrefillGemm, column_block
+
+    assert column_block(256, 1000, 2**20) == 256   # 2**20 // 3 // (4 * 256) = 341 -> 256
+    small = PrefillGemm("cuda", l2_bytes=3 * 4 * 256 * 384)
+    assert column_block(256, 1000, small.l2_bytes) == 384
+    gen = torch.Generator().manual_seed(11)
+    a, b = _operand(256, 2048, gen), _operand(1000, 2048, gen, layout="swizzled")
+    out = _replayed(small, GemmRequest(a, b))
+    assert tuple(out.shape) == (256, 1000)
+    _check_gemm(out, _deq(a), _deq(b), (a.global_scale * b.global_scale).double(), 2048, "prefill column blocks")
+
+
 def test_prefill_epilogue_forms_agree_with_the_torch_epilogue(pg):
     """The epilogue kernel against torch's (``emulated._epilogue``): identical without SwiGLU (one FP32
     multiply, one BF16 rounding); with SwiGLU within one BF16 ulp (the generic kernel's exponential)."""

@@ -29,3 +29,15 @@ def test_large_weights_wait_for_enough_tokens(monkeypatch):
     assert use_prefill_gemm(ALL_WEIGHTS_FROM_TOKENS, 129280, 7168)
     assert use_prefill_gemm(64, 8192, 1536) and 8192 * 1536 == SMALL_WEIGHT_ELEMENTS
     assert not use_prefill_gemm(64, 8192, 1552)  # one block of 16 past the bound
+
+
+def test_fp32_column_blocks_fit_a_third_of_the_l2_in_multiples_of_128():
+    from dsv4.kernels.cutedsl.sm90.prefill_gemm import column_block
+
+    l2 = 50 * 2**20                                     # an H100's
+    assert column_block(512, 4096, l2) == 4096          # 8 MiB of FP32: one block
+    assert column_block(4096, 32768, l2) == 1024        # 16 MiB blocks
+    for m, n in [(4096, 32768), (8192, 4096), (4096, 129280), (64, 129280), (100000, 256)]:
+        c = column_block(m, n, l2)
+        assert c == n or (c % 128 == 0 and (4 * m * c * 3 <= l2 or c == 128)), (m, n, c)
+        assert c == n or 4 * m * (c + 128) * 3 > l2      # the widest such block

@@ -13,6 +13,12 @@ call) and cuBLAS writes BF16. While a CUDA graph is being captured, or with the 
 gate and up must stay FP32 until the epilogue), cuBLAS writes FP32 instead and one kernel pass
 (``epilogue_kernel``: alpha from the two device scalars, SwiGLU as the generic kernel computes it, BF16)
 finishes: no host read, more memory traffic. The extra memory is one BF16 copy of each operand.
+
+Without SwiGLU, that FP32 product is made in column blocks small enough to stay in the L2 cache
+(``column_block``: a third of it), each finished by the epilogue before the next reuses the buffer: the
+FP32 round trip through HBM (an H100, M = 4,096, 32768 x 1024: 765 us against cuBLAS BF16's 410 us,
+``benchmarks/results/h100_bench_nvfp4_shapes_prefill_s4.json``) stays on chip. A column block is an
+ordinary GEMM of the same K, accumulated in FP32: the same bound holds.
 """
 from __future__ import annotations
 
@@ -26,6 +32,14 @@ from ..common import KernelCache, LaunchResources, capturing, check_cuda, cu_str
 ARCH = "sm_90a"
 MAX_BLOCKS = 2**31 - 1            # the kernel's block index is 32-bit
 MAX_BF16_WEIGHT_BYTES = 4 * 2**30  # the dequantized weight (Pro's LM head: 1.85 GB)
+
+
+def column_block(m: int, n: int, l2_bytes: int) -> int:
+    """Output columns per FP32 block: ``n`` when the whole ``[m, n]`` FP32 product fits a third of the L2
+    cache, else the most columns that do, a multiple of 128 (cuBLAS tile widths), at least 128."""
+    if 4 * m * n * 3 <= l2_bytes:
+        return n
+    return min(n, max(128, (l2_bytes // 3) // (4 * max(m, 1)) // 128 * 128))
 
 
 @contextlib.contextmanager
@@ -43,8 +57,9 @@ def _fp32_reductions():
 class PrefillGemm(LaunchResources):
     """``pg(req)`` for a validated dense ``GemmRequest``; ``pg.dequant(op)`` the BF16 operand alone."""
 
-    def __init__(self, device: torch.device | str = "cuda"):
+    def __init__(self, device: torch.device | str = "cuda", *, l2_bytes: int | None = None):
         self.device = torch.device(device)
+        self.l2_bytes = l2_bytes   # the L2 size the FP32 column blocks are cut for (None: the card's)
         self._exes = KernelCache(scope=("sm90-dequant", str(self.device)))
         self._warm = False  # both epilogue forms compiled and loaded (_warm_epilogues)
 
@@ -96,8 +111,24 @@ class PrefillGemm(LaunchResources):
             out = torch.empty(req.out_shape, dtype=torch.bfloat16, device=a16.device)
             with _fp32_reductions():
                 return torch.addmm(out, a16, w16.t(), beta=0, alpha=alpha_f, out=out)
-        y = torch.mm(a16, w16.t(), out_dtype=torch.float32)
-        return self.epilogue(y, req)
+        m, n = req.out_shape
+        cols = n if req.swiglu_limit is not None or n % 4 else column_block(m, n, self._l2())
+        if cols >= n:
+            y = torch.mm(a16, w16.t(), out_dtype=torch.float32)
+            return self.epilogue(y, req)
+        out = torch.empty(m, n, dtype=torch.bfloat16, device=a16.device)
+        with _fp32_reductions():
+            for c in range(0, n, cols):
+                y = torch.mm(a16, w16[c:c + cols].t(), out_dtype=torch.float32)  # freed: the next block reuses it
+                out[:, c:c + y.shape[1]] = self._launch_epilogue(y, req.a.global_scale, req.b.global_scale, m,
+                                                                 y.shape[1], None)
+                del y
+        return out
+
+    def _l2(self) -> int:
+        if self.l2_bytes is None:
+            self.l2_bytes = int(torch.cuda.get_device_properties(self.device).L2_cache_size)
+        return self.l2_bytes
 
     def epilogue(self, y: torch.Tensor, req: GemmRequest) -> torch.Tensor:
         """FP32 ``y`` -> ``alpha * y`` -> optional SwiGLU -> BF16 in one kernel pass (``epilogue_kernel``,
