@@ -55,6 +55,49 @@ def test_only_the_embedding_and_attention_core_pieces_are_eager() -> None:
     assert eager == ["embed"] + [f"L{i}.attn_core" for i in range(4)]
 
 
+def test_the_eager_attention_core_projects_nothing_and_decodes_only_new_rows(monkeypatch) -> None:
+    """The new token's own work runs in the captured attn_pre / attn_out: inside the eager attention core no
+    linear layer is called and the KV storage decodes only the rows a step adds (at most one closed block
+    per compressor), never a whole window or cache again. Before, every step
+    decoded the window (up to 16 rows here) and the compressed cache, and projected for the compressors
+    and the indexer there."""
+    from dsv4.layers.kv_cache import Fp8KVStorage
+    from dsv4.layers.linear import Linear
+
+    torch.set_num_threads(1)
+    m = dsv4.load_model("tiny", plan="default", backend="emulated")
+    seen: dict[str, list] = {"linear": [], "decoded_rows": []}
+    inside = [False]
+
+    def spy(kind, fn, rows=False):
+        def wrapped(self, x, *a, **k):
+            if inside[0]:
+                seen[kind].append(int(x.parts["nope"].shape[0]) if rows else 1)
+            return fn(self, x, *a, **k)
+        return wrapped
+
+    for cls in (Linear, *Linear.__subclasses__()):     # each precision's linear has its own __call__
+        if "__call__" in vars(cls):
+            monkeypatch.setattr(cls, "__call__", spy("linear", vars(cls)["__call__"]))
+    monkeypatch.setattr(Fp8KVStorage, "decode", spy("decoded_rows", Fp8KVStorage.decode, rows=True))
+
+    class Spying(PieceRunner):
+        def run_piece(self, p):
+            inside[0] = p.name.endswith("attn_core")
+            try:
+                super().run_piece(p)
+            finally:
+                inside[0] = False
+
+    with torch.no_grad():
+        le, st = m.prefill(PROMPT)
+        runner, tok = Spying(m), int(le[-1].argmax())
+        for _ in range(20):                      # crosses CSA (4) and HCA (16) block closes
+            tok = int(runner.step(st, tok).argmax())
+    assert seen["linear"] == [], seen
+    assert seen["decoded_rows"] and max(seen["decoded_rows"]) == 1, seen["decoded_rows"]
+
+
 def test_buffers_keep_their_storage_and_reject_a_changed_shape() -> None:
     b = Buffers()
     b.put("x", torch.ones(3))
