@@ -100,6 +100,21 @@ def test_prefill_gemm_in_l2_sized_column_blocks_matches_the_bound_in_a_graph():
     _check_gemm(out, _deq(a), _deq(b), (a.global_scale * b.global_scale).double(), 2048, "prefill column blocks")
 
 
+def test_prefill_swiglu_in_l2_sized_column_blocks_matches_the_bound_in_a_graph():
+    """SwiGLU in blocks: 2 x 500 weight rows ([gate; up]) with blocks of 384 FP32 columns = 192 outputs
+    each (the last 116 wide); captured and replayed, within the SwiGLU bound."""
+    pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
+    from dsv4.kernels.cutedsl.sm90.prefill_gemm import PrefillGemm
+
+    small = PrefillGemm("cuda", l2_bytes=3 * 4 * 256 * 384)
+    gen = torch.Generator().manual_seed(12)
+    a, b = _operand(256, 2048, gen), _operand(2 * 500, 2048, gen, layout="swizzled")
+    out = _replayed(small, GemmRequest(a, b, swiglu_limit=10.0))
+    assert tuple(out.shape) == (256, 500)
+    _check_swiglu(out, _deq(a), _deq(b), (a.global_scale * b.global_scale).double(), 2048, 10.0,
+                  "prefill swiglu column blocks")
+
+
 def test_prefill_epilogue_forms_agree_with_the_torch_epilogue(pg):
     """The epilogue kernel against torch's (``emulated._epilogue``): identical without SwiGLU (one FP32
     multiply, one BF16 rounding); with SwiGLU within one BF16 ulp (the generic kernel's exponential)."""

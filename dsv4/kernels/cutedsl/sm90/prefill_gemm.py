@@ -14,8 +14,9 @@ gate and up must stay FP32 until the epilogue), cuBLAS writes FP32 instead and o
 (``epilogue_kernel``: alpha from the two device scalars, SwiGLU as the generic kernel computes it, BF16)
 finishes: no host read, more memory traffic. The extra memory is one BF16 copy of each operand.
 
-Without SwiGLU, that FP32 product is made in column blocks small enough to stay in the L2 cache
-(``column_block``: a third of it), each finished by the epilogue before the next reuses the buffer: the
+That FP32 product is made in column blocks small enough to stay in the L2 cache (``column_block``: a
+third of it; with SwiGLU a block holds its gate columns and the matching up columns, their weight rows
+copied together), each finished by the epilogue before the next reuses the buffer: the
 FP32 round trip through HBM (an H100, M = 4,096, 32768 x 1024: 765 us against cuBLAS BF16's 410 us,
 ``benchmarks/results/h100_bench_nvfp4_shapes_prefill_s4.json``) stays on chip. A column block is an
 ordinary GEMM of the same K, accumulated in FP32: the same bound holds.
@@ -112,17 +113,21 @@ class PrefillGemm(LaunchResources):
             with _fp32_reductions():
                 return torch.addmm(out, a16, w16.t(), beta=0, alpha=alpha_f, out=out)
         m, n = req.out_shape
-        cols = n if req.swiglu_limit is not None or n % 4 else column_block(m, n, self._l2())
+        sw = req.swiglu_limit is not None
+        cols = n if n % 4 else column_block(m, w16.shape[0], self._l2()) // (2 if sw else 1)
         if cols >= n:
             y = torch.mm(a16, w16.t(), out_dtype=torch.float32)
             return self.epilogue(y, req)
         out = torch.empty(m, n, dtype=torch.bfloat16, device=a16.device)
         with _fp32_reductions():
             for c in range(0, n, cols):
-                y = torch.mm(a16, w16[c:c + cols].t(), out_dtype=torch.float32)  # freed: the next block reuses it
-                out[:, c:c + y.shape[1]] = self._launch_epilogue(y, req.a.global_scale, req.b.global_scale, m,
-                                                                 y.shape[1], None)
-                del y
+                w = min(cols, n - c)
+                # SwiGLU: the block's gate rows, then its up rows (the epilogue's [gate; up] per row)
+                wb = torch.cat((w16[c:c + w], w16[n + c:n + c + w])) if sw else w16[c:c + w]
+                y = torch.mm(a16, wb.t(), out_dtype=torch.float32)  # freed: the next block reuses it
+                out[:, c:c + w] = self._launch_epilogue(y, req.a.global_scale, req.b.global_scale, m, w,
+                                                        req.swiglu_limit)
+                del y, wb
         return out
 
     def _l2(self) -> int:
