@@ -20,6 +20,7 @@
 #   realwidth-flash / realwidth-pro: benchmarks/bench_real_width.py at the exact shapes (one call each;
 #             DSV4_RW_BUDGET seconds, default 500; the JSON goes to $OUT, then
 #             benchmarks/real_width_table.py makes reports/real_width.md)
+#   realwidth-8k: bench_real_width.py on 3 Flash layers at an 8,192-token prefill, harness included (one call)
 #   flatness  bench_real_width.py on 8 real-width Flash layers, the streaming reference only: its peak memory
 #             after layer 2 against after layer 8
 #   shapes    benchmarks/bench_nvfp4_shapes.py: every Flash / Pro GEMM shape, M 1..4096, NVFP4 vs cuBLAS BF16
@@ -86,6 +87,11 @@ run_part() {
     step "real_width_$model" 570 python3 benchmarks/bench_real_width.py --model "$model" --budget-s "${DSV4_RW_BUDGET:-500}" \
         --workdir /tmp/dsv4-rw --out "$RES/real_width_$model.json"
     if [ -n "${OUT:-}" ]; then cp "$RES/real_width_$model.json" "$OUT/" 2>/dev/null; fi ;;
+  realwidth-8k)   # issue #43's 8k prefill with the full harness, alone in one call (3 Flash layers: window, CSA, HCA)
+    step real_width_flash_8k 590 python3 benchmarks/bench_real_width.py --model flash --layers 3 --prefill 8192 \
+        --backends cutedsl_sm90 --decode-cache 1024 --decode-steps 1 --budget-s "${DSV4_RW_BUDGET:-540}" \
+        --workdir /tmp/dsv4-rw --out "$RES/real_width_flash_8k.json"
+    if [ -n "${OUT:-}" ]; then cp "$RES/real_width_flash_8k.json" "$OUT/" 2>/dev/null; fi ;;
   flatness)   # the streaming reference's peak after 2 against 8 real-width Flash layers (issue #43's flatness
     # target); reference only: the official layout is deleted before the NVFP4 one is written (34 GB at 8 layers)
     step real_width_flash_8layers 420 python3 benchmarks/bench_real_width.py --model flash --layers 8 --prefill 1024 \
@@ -111,7 +117,7 @@ run_part() {
     step pytest_decode_gemm 200 python3 -m pytest -q -rs -p no:cacheprovider tests/dsv4/kernels/test_sm90_decode_gemm_gpu.py \
         --junitxml="$RES/pytest_decode_gemm.xml"
     if [ -n "${OUT:-}" ]; then cp "$RES/profile_decode_gemm.json" "$OUT/" 2>/dev/null; fi ;;
-  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, gate, verdicts, dspark, zoo, realwidth-flash, realwidth-pro, flatness, shapes, prefill, kernel-profile or all)"; return 2 ;;
+  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, gate, verdicts, dspark, zoo, realwidth-flash, realwidth-pro, realwidth-8k, flatness, shapes, prefill, kernel-profile or all)"; return 2 ;;
   esac
 }
 {
