@@ -17,7 +17,8 @@ and where that is the decode kernel the generic one is timed too, ``gen``), for 
 (``dg(req)`` / ``dg.grouped(req, check_values=False)``), for dense shapes at M >= 64 the prefill route
 ``PrefillGemm`` (``pre``: exact BF16 dequantization + cuBLAS; its kernel-only time is the capture-safe
 form, FP32 output + torch epilogue, its eager time the form the model's eager prefill takes, cuBLAS
-scaling by a host-read alpha), and cuBLAS BF16 (``x @ w.t()``; grouped:
+scaling by a host-read alpha; ``preblk``: the same with its FP32 product cut into blocks for the card's L2
+cache, JSON only, beside ``pre`` so ``prefill_gemm.FP32_COLUMN_BLOCKS`` is decided from one run), and cuBLAS BF16 (``x @ w.t()``; grouped:
 ``bench_nvfp4_gemm._bf16_grouped``). Each path is timed twice: kernel-only ("graph": CUDA-graph replay,
 weights cycled over enough copies to leave the L2, ``bench_sm90_decode_gemm.graph_us``) and eager
 ("eager": CUDA events around a loop of plain Python calls, host overhead included; median of 5 loops).
@@ -248,6 +249,8 @@ def run_shape(kit: Any, shape: Any, ms: list[int], deadline: float, skipped: lis
                         measure(row, "gen", [lambda q=q: gen.gemm(q) for q in reqs])
                     if pre is not None and r >= PRE_FROM and pre.supports(reqs[0]):
                         measure(row, "pre", [lambda q=q: pre(q, validated=True) for q in reqs])
+                        if kit.pre_blocks is not None:   # its FP32 product in L2-sized blocks (graph form)
+                            measure(row, "preblk", [lambda q=q: kit.pre_blocks(q, validated=True) for q in reqs])
                     if dec:
                         measure(row, "dec", [lambda q=q: dg(q) for q in reqs])
                 else:
@@ -361,6 +364,12 @@ def render(rows: list[dict], hbm: dict, console: Any) -> None:
             f"{len(routed)} rows; slower: " + ", ".join(f"{r['model']} {r['shape']} M={r['m']} "
                                                       f"{r['fp4_graph_us']:.1f} vs {r['gen_graph_us']:.1f} us"
                                                       for r in routed if r not in faster))
+    blk = [r for r in rows if "preblk_graph_us" in r and "pre_graph_us" in r]
+    if blk:
+        faster = [r for r in blk if r["preblk_graph_us"] < r["pre_graph_us"]]
+        log(f"PrefillGemm with L2-sized FP32 blocks (kernel-only): faster in {len(faster)} of {len(blk)} rows; "
+            + ", ".join(f"{r['model']} {r['shape']} M={r['m']} {r['preblk_graph_us']:.1f} vs {r['pre_graph_us']:.1f} us"
+                        for r in blk if r["m"] == max(x["m"] for x in blk)))
     # where the rule kept the generic kernel, would PrefillGemm have been faster?
     kept = [r for r in rows if r.get("fp4_route") == "generic" and not math.isnan(r.get("pre_graph_us", math.nan))]
     missed = [r for r in kept if r["pre_graph_us"] < r["fp4_graph_us"]]

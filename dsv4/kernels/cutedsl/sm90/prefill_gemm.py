@@ -14,12 +14,15 @@ gate and up must stay FP32 until the epilogue), cuBLAS writes FP32 instead and o
 (``epilogue_kernel``: alpha from the two device scalars, SwiGLU as the generic kernel computes it, BF16)
 finishes: no host read, more memory traffic. The extra memory is one BF16 copy of each operand.
 
-That FP32 product is made in column blocks small enough to stay in the L2 cache (``column_block``: a
-third of it; with SwiGLU a block holds its gate columns and the matching up columns, their weight rows
-copied together), each finished by the epilogue before the next reuses the buffer: the
-FP32 round trip through HBM (an H100, M = 4,096, 32768 x 1024: 765 us against cuBLAS BF16's 410 us,
+That FP32 product can be made in column blocks small enough to stay in the L2 cache (``column_block``:
+a third of it; with SwiGLU a block holds its gate columns and the matching up columns, their weight rows
+copied together), each finished by the epilogue before the next reuses the buffer, so that the FP32
+round trip through HBM (an H100, M = 4,096, 32768 x 1024: 765 us against cuBLAS BF16's 410 us,
 ``benchmarks/results/h100_bench_nvfp4_shapes_prefill_s4.json``) stays on chip. A column block is an
-ordinary GEMM of the same K, accumulated in FP32: the same bound holds.
+ordinary GEMM of the same K, accumulated in FP32: the same bound holds. ``PrefillGemm(l2_bytes=...)``
+cuts the blocks for that L2 size; the default form cuts them only once ``FP32_COLUMN_BLOCKS`` is on,
+which waits for the blocks' GPU tests and the side-by-side bench (``bench_nvfp4_shapes.py``'s ``preblk``
+times beside ``pre``) to run on a GPU: written without one.
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ from ..common import KernelCache, LaunchResources, capturing, check_cuda, cu_str
 ARCH = "sm_90a"
 MAX_BLOCKS = 2**31 - 1            # the kernel's block index is 32-bit
 MAX_BF16_WEIGHT_BYTES = 4 * 2**30  # the dequantized weight (Pro's LM head: 1.85 GB)
+FP32_COLUMN_BLOCKS = False         # the default form's L2-sized FP32 blocks: off until timed on a GPU
 
 
 def column_block(m: int, n: int, l2_bytes: int) -> int:
@@ -60,7 +64,7 @@ class PrefillGemm(LaunchResources):
 
     def __init__(self, device: torch.device | str = "cuda", *, l2_bytes: int | None = None):
         self.device = torch.device(device)
-        self.l2_bytes = l2_bytes   # the L2 size the FP32 column blocks are cut for (None: the card's)
+        self.l2_bytes = l2_bytes   # the L2 size the FP32 column blocks are cut for (None: the card's, when on)
         self._exes = KernelCache(scope=("sm90-dequant", str(self.device)))
         self._warm = False  # both epilogue forms compiled and loaded (_warm_epilogues)
 
@@ -114,7 +118,8 @@ class PrefillGemm(LaunchResources):
                 return torch.addmm(out, a16, w16.t(), beta=0, alpha=alpha_f, out=out)
         m, n = req.out_shape
         sw = req.swiglu_limit is not None
-        cols = n if n % 4 else column_block(m, w16.shape[0], self._l2()) // (2 if sw else 1)
+        blocks = n % 4 == 0 and (self.l2_bytes is not None or FP32_COLUMN_BLOCKS)
+        cols = column_block(m, w16.shape[0], self._l2()) // (2 if sw else 1) if blocks else n
         if cols >= n:
             y = torch.mm(a16, w16.t(), out_dtype=torch.float32)
             return self.epilogue(y, req)
