@@ -20,6 +20,8 @@
 #   realwidth-flash / realwidth-pro: benchmarks/bench_real_width.py at the exact shapes (one call each;
 #             DSV4_RW_BUDGET seconds, default 500; the JSON goes to $OUT, then
 #             benchmarks/real_width_table.py makes reports/real_width.md)
+#   decode    benchmarks/bench_decode_graphs.py on tiny and medium: eager vs CUDA-graph decode step, against the
+#             summed device time (the 3x target), where an eager step goes by piece kind
 #   realwidth-8k: bench_real_width.py on 3 Flash layers at an 8,192-token prefill, harness included (one call)
 #   flatness  bench_real_width.py on 8 real-width Flash layers, the streaming reference only: its peak memory
 #             after layer 2 against after layer 8
@@ -87,6 +89,10 @@ run_part() {
     step "real_width_$model" 570 python3 benchmarks/bench_real_width.py --model "$model" --budget-s "${DSV4_RW_BUDGET:-500}" \
         --workdir /tmp/dsv4-rw --out "$RES/real_width_$model.json"
     if [ -n "${OUT:-}" ]; then cp "$RES/real_width_$model.json" "$OUT/" 2>/dev/null; fi ;;
+  decode)    # issue #43's decode target: graph step wall against the device's own work, tiny and medium
+    step bench_decode_graphs 300 python3 benchmarks/bench_decode_graphs.py --configs tiny,medium --steps 32 \
+        --device cuda --backend cutedsl_sm90 --json "$RES/bench_decode_graphs.json"
+    if [ -n "${OUT:-}" ]; then cp "$RES/bench_decode_graphs.json" "$OUT/" 2>/dev/null; fi ;;
   realwidth-8k)   # issue #43's 8k prefill with the full harness, alone in one call (3 Flash layers: window, CSA, HCA)
     step real_width_flash_8k 590 python3 benchmarks/bench_real_width.py --model flash --layers 3 --prefill 8192 \
         --backends cutedsl_sm90 --decode-cache 1024 --decode-steps 1 --budget-s "${DSV4_RW_BUDGET:-540}" \
@@ -117,7 +123,7 @@ run_part() {
     step pytest_decode_gemm 200 python3 -m pytest -q -rs -p no:cacheprovider tests/dsv4/kernels/test_sm90_decode_gemm_gpu.py \
         --junitxml="$RES/pytest_decode_gemm.xml"
     if [ -n "${OUT:-}" ]; then cp "$RES/profile_decode_gemm.json" "$OUT/" 2>/dev/null; fi ;;
-  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, gate, verdicts, dspark, zoo, realwidth-flash, realwidth-pro, realwidth-8k, flatness, shapes, prefill, kernel-profile or all)"; return 2 ;;
+  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, gate, verdicts, dspark, zoo, realwidth-flash, realwidth-pro, realwidth-8k, decode, flatness, shapes, prefill, kernel-profile or all)"; return 2 ;;
   esac
 }
 {
