@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     backend = shared_backend(args.backend, args.device)
     for name in [c.strip() for c in args.configs.split(",") if c.strip()]:
         t0 = time.perf_counter()
-        rows.append(bench(name, device=args.device, backend=backend, steps=args.steps, warm=args.warm))
+        rows.append(with_launch_count(bench(name, device=args.device, backend=backend, steps=args.steps,
+                                            warm=args.warm)))
         console.print(f"[dim]{name}: {time.perf_counter() - t0:.0f} s[/dim]")
         if out:
             Path(out).write_text(json.dumps({"rows": rows}, indent=2, default=str))
@@ -234,7 +235,23 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         for seg, why in r["fallbacks"]:
             console.print(f"[yellow]{r['config']}: {seg} runs eagerly: {why}[/yellow]")
+        h = r.get("host_per_eager_launch_us")
+        if h is not None:
+            console.print(f"{r['config']}: {r['eager_launches_per_step']:.0f} eager launches a graph step "
+                          f"(count_decode_ops.py, CPU), {h:.1f} us of wall time each beyond the device's work")
     return 0
+
+
+def with_launch_count(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` plus the eager launches of a graph step (``count_decode_ops.py``, counted on the CPU with the
+    default plan) and the wall time per launch they leave: (graph wall - graph device time) / launches,
+    the host cost that a smaller eager attention core saves."""
+    from count_decode_ops import count
+
+    n = count(checkpoint(row["config"]), "default", "emulated", steps=8, prompt=64)["eager_ops_per_step"]
+    dev = row["device_work"]["graph"]["kernel_ms_per_step"]
+    return {**row, "eager_launches_per_step": n,
+            "host_per_eager_launch_us": (row["ms_per_step"]["graph"] - dev) * 1e3 / n if n else None}
 
 
 if __name__ == "__main__":

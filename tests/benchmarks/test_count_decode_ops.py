@@ -22,3 +22,14 @@ def test_linear_calls_count_as_kernel_launches_and_none_is_in_the_attention_core
     assert b["head"] - a["head"] == 2           # the LM head: one linear call
     assert b["attn_core"] == a["attn_core"] > 0  # no linear layer runs in the eager core
     assert two["eager_ops_per_step"] == b["embed"] + b["attn_core"]
+
+
+def test_the_decode_bench_divides_the_graph_steps_host_time_by_its_eager_launches():
+    import bench_decode_graphs
+
+    row = {"config": "tiny", "ms_per_step": {"graph": 9.0}, "device_work": {"graph": {"kernel_ms_per_step": 4.0}}}
+    out = bench_decode_graphs.with_launch_count(row)
+    n = count("tiny", "default", "emulated", steps=8, prompt=64)["eager_ops_per_step"]
+    assert out["eager_launches_per_step"] == n > 0
+    assert out["host_per_eager_launch_us"] == (9.0 - 4.0) * 1e3 / n
+    assert {k: out[k] for k in row} == row
