@@ -41,3 +41,45 @@ def test_fp32_column_blocks_fit_a_third_of_the_l2_in_multiples_of_128():
         c = column_block(m, n, l2)
         assert c == n or (c % 128 == 0 and (4 * m * c * 3 <= l2 or c == 128)), (m, n, c)
         assert c == n or 4 * m * (c + 128) * 3 > l2      # the widest such block
+
+
+def _fake_prefill(monkeypatch, l2_bytes):
+    """PrefillGemm's graph-safe form with torch standing in for its kernels (dequant, cuBLAS, epilogue):
+    the column-block bookkeeping alone, on the CPU."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from dsv4.kernels.cutedsl.sm90 import prefill_gemm as pgm
+    from dsv4.kernels.emulated import _epilogue
+
+    monkeypatch.setattr(pgm, "capturing", lambda: True)
+    monkeypatch.setattr(pgm, "fp32_product", lambda a, w: a.float() @ w.float().t())
+    pg = pgm.PrefillGemm("cpu", l2_bytes=l2_bytes)
+    pg._warm = True
+    pg.dequant = lambda op: op.deq
+    pg._launch_epilogue = lambda y, ga, gb, m, n, limit: _epilogue(y * (ga * gb), limit)
+
+    def call(a16, w16, limit=None):
+        n_out = w16.shape[0] // (2 if limit is not None else 1)
+        op = lambda t, g: SimpleNamespace(deq=t, packed=t, global_scale=torch.tensor(g))  # noqa: E731
+        return pg(SimpleNamespace(a=op(a16, 0.5), b=op(w16, 0.25), swiglu_limit=limit,
+                                  out_shape=(a16.shape[0], n_out)), validated=True)
+    return call
+
+
+def test_column_blocks_assemble_the_one_block_product_exactly(monkeypatch):
+    """Integer operands (exact FP32 sums): 1000 output columns in blocks of 384 (the last 232), and SwiGLU
+    over [gate 500; up 500] in blocks of 192 gate + 192 up columns, equal the unblocked form bit for bit."""
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    a16 = torch.randint(-3, 4, (256, 64), generator=g).to(torch.bfloat16)
+    w16 = torch.randint(-3, 4, (1000, 64), generator=g).to(torch.bfloat16)
+    blocked = _fake_prefill(monkeypatch, 3 * 4 * 256 * 384)
+    whole = _fake_prefill(monkeypatch, None)
+    want = (0.125 * (a16.float() @ w16.float().t())).to(torch.bfloat16)
+    assert torch.equal(whole(a16, w16), want)
+    assert torch.equal(blocked(a16, w16), want)
+    got, ref = blocked(a16, w16, 10.0), whole(a16, w16, 10.0)
+    assert tuple(got.shape) == (256, 500) and torch.equal(got, ref)

@@ -47,6 +47,11 @@ def column_block(m: int, n: int, l2_bytes: int) -> int:
     return min(n, max(128, (l2_bytes // 3) // (4 * max(m, 1)) // 128 * 128))
 
 
+def fp32_product(a16: torch.Tensor, w16: torch.Tensor) -> torch.Tensor:
+    """``a16 @ w16^T`` with FP32 accumulation and output (cuBLAS; ``mm.dtype`` has no CPU kernel)."""
+    return torch.mm(a16, w16.t(), out_dtype=torch.float32)
+
+
 @contextlib.contextmanager
 def _fp32_reductions():
     """cuBLAS may reduce split-K partials in BF16 unless told not to; the contract accumulates in FP32."""
@@ -121,15 +126,14 @@ class PrefillGemm(LaunchResources):
         blocks = n % 4 == 0 and (self.l2_bytes is not None or FP32_COLUMN_BLOCKS)
         cols = column_block(m, w16.shape[0], self._l2()) // (2 if sw else 1) if blocks else n
         if cols >= n:
-            y = torch.mm(a16, w16.t(), out_dtype=torch.float32)
-            return self.epilogue(y, req)
+            return self.epilogue(fp32_product(a16, w16), req)
         out = torch.empty(m, n, dtype=torch.bfloat16, device=a16.device)
         with _fp32_reductions():
             for c in range(0, n, cols):
                 w = min(cols, n - c)
                 # SwiGLU: the block's gate rows, then its up rows (the epilogue's [gate; up] per row)
                 wb = torch.cat((w16[c:c + w], w16[n + c:n + c + w])) if sw else w16[c:c + w]
-                y = torch.mm(a16, wb.t(), out_dtype=torch.float32)  # freed: the next block reuses it
+                y = fp32_product(a16, wb)  # freed: the next block reuses it
                 out[:, c:c + w] = self._launch_epilogue(y, req.a.global_scale, req.b.global_scale, m, w,
                                                         req.swiglu_limit)
                 del y, wb
