@@ -367,9 +367,10 @@ def render(rows: list[dict], hbm: dict, console: Any) -> None:
     blk = [r for r in rows if "preblk_graph_us" in r and "pre_graph_us" in r]
     if blk:
         faster = [r for r in blk if r["preblk_graph_us"] < r["pre_graph_us"]]
+        top = max(r["m"] for r in blk)
         log(f"PrefillGemm with L2-sized FP32 blocks (kernel-only): faster in {len(faster)} of {len(blk)} rows; "
             + ", ".join(f"{r['model']} {r['shape']} M={r['m']} {r['preblk_graph_us']:.1f} vs {r['pre_graph_us']:.1f} us"
-                        for r in blk if r["m"] == max(x["m"] for x in blk)))
+                        for r in blk if r["m"] == top))
     # where the rule kept the generic kernel, would PrefillGemm have been faster?
     kept = [r for r in rows if r.get("fp4_route") == "generic" and not math.isnan(r.get("pre_graph_us", math.nan))]
     missed = [r for r in kept if r["pre_graph_us"] < r["fp4_graph_us"]]

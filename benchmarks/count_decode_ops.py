@@ -56,33 +56,30 @@ def count(checkpoint: str, plan: str, backend: str, steps: int, prompt: int, lin
     model = dsv4.load_model(checkpoint, plan=plan, backend=backend, device="cpu")
     per: Counter = Counter()
     layers = len(model.blocks)
-    tracer: list[Any] = [None]
-    linears = [0]
+    linears: list[int] = []    # [calls] inside a counted piece, [calls, 0] inside a counted call, else []
 
     def as_kernel_call(fn: Any) -> Any:
         def call(self: Any, *a: Any, **k: Any) -> Any:
-            t = tracer[0]
-            if t is None:
+            if len(linears) != 1:
                 return fn(self, *a, **k)
-            tracer[0] = None                  # its insides are not counted: one kernel backend call
-            linears[0] += 1
+            linears[0] += 1                   # its insides are not traced: one kernel backend call
+            linears.append(0)
             try:
                 with torch.utils._python_dispatch._disable_current_modes():
                     return fn(self, *a, **k)
             finally:
-                tracer[0] = t
+                linears.pop()
         return call
 
     class Counting(PieceRunner):
         def run_piece(self, p: Any) -> None:
-            linears[0] = 0
-            with OpTracer() as t:
-                tracer[0] = t
-                try:
+            linears[:] = [0]
+            try:
+                with OpTracer() as t:
                     super().run_piece(p)
-                finally:
-                    tracer[0] = None
-            per[p.name.rsplit(".", 1)[-1]] += launches(t.events) + linear_launches * linears[0]
+            finally:
+                n = linears.pop()
+            per[p.name.rsplit(".", 1)[-1]] += launches(t.events) + linear_launches * n
 
     saved = {c: vars(c)["__call__"] for c in _linear_classes()}
     for c, fn in saved.items():

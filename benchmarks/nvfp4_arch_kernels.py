@@ -53,9 +53,8 @@ def for_this_gpu() -> ArchKernels | None:
         from dsv4.kernels.cutedsl.sm90.decode_launch import DecodeGemm
         from dsv4.kernels.cutedsl.sm90.prefill_gemm import PrefillGemm
 
-        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
         return ArchKernels(arch, Sm90Backend("cuda"), DecodeGemm("cuda"), Sm90Backend("cuda", routes=False),
-                           PrefillGemm("cuda"), PrefillGemm("cuda", l2_bytes=int(l2)), grouped_decode=True)
+                           PrefillGemm("cuda"), PrefillGemm("cuda", column_blocks=True), grouped_decode=True)
     if arch == "sm_100":
         from dsv4.kernels.cutedsl.sm100 import Sm100Backend
         from dsv4.kernels.cutedsl.sm100.decode_launch import DecodeGemm100

@@ -91,7 +91,7 @@ def test_prefill_gemm_in_l2_sized_column_blocks_matches_the_bound_in_a_graph():
     from dsv4.kernels.cutedsl.sm90.prefill_gemm import PrefillGemm, column_block
 
     assert column_block(256, 1000, 2**20) == 256   # 2**20 // 3 // (4 * 256) = 341 -> 256
-    small = PrefillGemm("cuda", l2_bytes=3 * 4 * 256 * 384)
+    small = PrefillGemm("cuda", column_blocks=True, l2_bytes=3 * 4 * 256 * 384)
     assert column_block(256, 1000, small.l2_bytes) == 384
     gen = torch.Generator().manual_seed(11)
     a, b = _operand(256, 2048, gen), _operand(1000, 2048, gen, layout="swizzled")
@@ -106,7 +106,7 @@ def test_prefill_swiglu_in_l2_sized_column_blocks_matches_the_bound_in_a_graph()
     pytest.importorskip("cutlass", reason="nvidia-cutlass-dsl (extra 'cutedsl') is not installed")
     from dsv4.kernels.cutedsl.sm90.prefill_gemm import PrefillGemm
 
-    small = PrefillGemm("cuda", l2_bytes=3 * 4 * 256 * 384)
+    small = PrefillGemm("cuda", column_blocks=True, l2_bytes=3 * 4 * 256 * 384)
     gen = torch.Generator().manual_seed(12)
     a, b = _operand(256, 2048, gen), _operand(2 * 500, 2048, gen, layout="swizzled")
     out = _replayed(small, GemmRequest(a, b, swiglu_limit=10.0))

@@ -55,7 +55,7 @@ def _fake_prefill(monkeypatch, l2_bytes):
 
     monkeypatch.setattr(pgm, "capturing", lambda: True)
     monkeypatch.setattr(pgm, "fp32_product", lambda a, w: a.float() @ w.float().t())
-    pg = pgm.PrefillGemm("cpu", l2_bytes=l2_bytes)
+    pg = pgm.PrefillGemm("cpu", column_blocks=l2_bytes is not None, l2_bytes=l2_bytes)
     pg._warm = True
     pg.dequant = lambda op: op.deq
     pg._launch_epilogue = lambda y, ga, gb, m, n, limit: _epilogue(y * (ga * gb), limit)

@@ -19,8 +19,8 @@ a third of it; with SwiGLU a block holds its gate columns and the matching up co
 copied together), each finished by the epilogue before the next reuses the buffer, so that the FP32
 round trip through HBM (an H100, M = 4,096, 32768 x 1024: 765 us against cuBLAS BF16's 410 us,
 ``benchmarks/results/h100_bench_nvfp4_shapes_prefill_s4.json``) stays on chip. A column block is an
-ordinary GEMM of the same K, accumulated in FP32: the same bound holds. ``PrefillGemm(l2_bytes=...)``
-cuts the blocks for that L2 size; the default form cuts them only once ``FP32_COLUMN_BLOCKS`` is on,
+ordinary GEMM of the same K, accumulated in FP32: the same bound holds. ``PrefillGemm(column_blocks=True)``
+cuts them (for ``l2_bytes``, else the card's L2); the default form only once ``FP32_COLUMN_BLOCKS`` is on,
 which waits for the blocks' GPU tests and the side-by-side bench (``bench_nvfp4_shapes.py``'s ``preblk``
 times beside ``pre``) to run on a GPU: written without one.
 """
@@ -67,9 +67,11 @@ def _fp32_reductions():
 class PrefillGemm(LaunchResources):
     """``pg(req)`` for a validated dense ``GemmRequest``; ``pg.dequant(op)`` the BF16 operand alone."""
 
-    def __init__(self, device: torch.device | str = "cuda", *, l2_bytes: int | None = None):
+    def __init__(self, device: torch.device | str = "cuda", *, column_blocks: bool | None = None,
+                 l2_bytes: int | None = None):
         self.device = torch.device(device)
-        self.l2_bytes = l2_bytes   # the L2 size the FP32 column blocks are cut for (None: the card's, when on)
+        self.column_blocks = FP32_COLUMN_BLOCKS if column_blocks is None else column_blocks
+        self.l2_bytes = l2_bytes   # the L2 size the FP32 column blocks are cut for (None: the card's)
         self._exes = KernelCache(scope=("sm90-dequant", str(self.device)))
         self._warm = False  # both epilogue forms compiled and loaded (_warm_epilogues)
 
@@ -123,20 +125,19 @@ class PrefillGemm(LaunchResources):
                 return torch.addmm(out, a16, w16.t(), beta=0, alpha=alpha_f, out=out)
         m, n = req.out_shape
         sw = req.swiglu_limit is not None
-        blocks = n % 4 == 0 and (self.l2_bytes is not None or FP32_COLUMN_BLOCKS)
+        blocks = n % 4 == 0 and self.column_blocks
         cols = column_block(m, w16.shape[0], self._l2()) // (2 if sw else 1) if blocks else n
         if cols >= n:
             return self.epilogue(fp32_product(a16, w16), req)
         out = torch.empty(m, n, dtype=torch.bfloat16, device=a16.device)
-        with _fp32_reductions():
-            for c in range(0, n, cols):
-                w = min(cols, n - c)
-                # SwiGLU: the block's gate rows, then its up rows (the epilogue's [gate; up] per row)
-                wb = torch.cat((w16[c:c + w], w16[n + c:n + c + w])) if sw else w16[c:c + w]
-                y = fp32_product(a16, wb)  # freed: the next block reuses it
-                out[:, c:c + w] = self._launch_epilogue(y, req.a.global_scale, req.b.global_scale, m, w,
-                                                        req.swiglu_limit)
-                del y, wb
+        for c in range(0, n, cols):   # FP32 output, as the one-block form: no BF16 reduction to switch off
+            w = min(cols, n - c)
+            # SwiGLU: the block's gate rows, then its up rows (the epilogue's [gate; up] per row)
+            wb = torch.cat((w16[c:c + w], w16[n + c:n + c + w])) if sw else w16[c:c + w]
+            y = fp32_product(a16, wb)  # freed: the next block reuses it
+            out[:, c:c + w] = self._launch_epilogue(y, req.a.global_scale, req.b.global_scale, m, w,
+                                                    req.swiglu_limit)
+            del y, wb
         return out
 
     def _l2(self) -> int:
