@@ -22,7 +22,8 @@
 #             benchmarks/real_width_table.py makes reports/real_width.md)
 #   decode    benchmarks/bench_decode_graphs.py on tiny and medium: eager vs CUDA-graph decode step, against the
 #             summed device time (the 3x target), where an eager step goes by piece kind
-#   realwidth-8k: bench_real_width.py on 3 Flash layers at an 8,192-token prefill, harness included (one call)
+#   realwidth-8k: bench_real_width.py on 3 Flash layers at an 8,192-token prefill, harness included, then decode
+#             after the biggest cache up to 32k that fits the budget (one call)
 #   flatness  bench_real_width.py on 8 real-width Flash layers, the streaming reference only: its peak memory
 #             after layer 2 against after layer 8
 #   shapes    benchmarks/bench_nvfp4_shapes.py: every Flash / Pro GEMM shape, M 1..4096, NVFP4 vs cuBLAS BF16
@@ -95,7 +96,7 @@ run_part() {
     if [ -n "${OUT:-}" ]; then cp "$RES/bench_decode_graphs.json" "$OUT/" 2>/dev/null; fi ;;
   realwidth-8k)   # issue #43's 8k prefill with the full harness, alone in one call (3 Flash layers: window, CSA, HCA)
     step real_width_flash_8k 590 python3 benchmarks/bench_real_width.py --model flash --layers 3 --prefill 8192 \
-        --backends cutedsl_sm90 --decode-cache 1024 --decode-steps 1 --budget-s "${DSV4_RW_BUDGET:-540}" \
+        --backends cutedsl_sm90 --decode-cache 32768 --decode-steps 2 --budget-s "${DSV4_RW_BUDGET:-540}" \
         --workdir /tmp/dsv4-rw --out "$RES/real_width_flash_8k.json"
     if [ -n "${OUT:-}" ]; then cp "$RES/real_width_flash_8k.json" "$OUT/" 2>/dev/null; fi ;;
   flatness)   # the streaming reference's peak after 2 against 8 real-width Flash layers (issue #43's flatness

@@ -22,6 +22,12 @@ from .norm import NormedInput
 from .rope import Rope
 
 INDEXER_FP4_BLOCK = 32
+SCORE_ELEMENTS = 1 << 28    # FP32 dot products held at once by ``Indexer.scores`` (1 GiB; decode: one chunk)
+
+
+def query_rows(T: int, per_row: int) -> int:
+    """Queries per chunk so that a chunk holds at most ``SCORE_ELEMENTS`` dot products (at least one row)."""
+    return max(1, min(T, SCORE_ELEMENTS // per_row))
 
 
 def _hadamard_fp4(t: torch.Tensor) -> torch.Tensor:
@@ -59,9 +65,15 @@ class Indexer:
         return self.weights_proj(x).to(torch.float32) * (self.head_dim ** -0.5 * self.n_heads ** -0.5)
 
     def scores(self, q: torch.Tensor, keys: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """``I(t, j) = sum_h w[t, h] * relu(q[t, h] . K[j])`` in FP32 ``[T, N]``."""
-        dots = torch.einsum("thd,nd->thn", q.to(torch.float32), keys.to(torch.float32))
-        return torch.einsum("th,thn->tn", w, torch.relu(dots))
+        """``I(t, j) = sum_h w[t, h] * relu(q[t, h] . K[j])`` in FP32 ``[T, N]``, queries in chunks: the
+        ``[T, Hi, N]`` dot products whole are T·N·Hi·4 bytes (69 GB for a 32k Flash prefill). A chunk's GEMM
+        may block its rows differently from the whole's (last-ulp differences): one chunk whenever it fits."""
+        kf = keys.to(torch.float32)
+        step = query_rows(q.shape[0], self.n_heads * max(1, keys.shape[0]))
+        out = [torch.einsum("th,thn->tn", w[a:a + step],
+                            torch.relu(torch.einsum("thd,nd->thn", q[a:a + step].to(torch.float32), kf)))
+               for a in range(0, max(1, q.shape[0]), step)]
+        return out[0] if len(out) == 1 else torch.cat(out)
 
     def causal_mask(self, scores: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """-inf where entry j has not closed at query t: ``j >= (t+1) // m``."""

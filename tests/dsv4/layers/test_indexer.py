@@ -46,3 +46,30 @@ def test_qk_treatment_comes_from_the_plan():
     assert torch.equal(QK_TREATMENTS["none"](x), x)
     ix = build_attention(4, qk="hadamard+fp4").indexer
     assert not torch.equal(ix.rotate_quantize(x), x)
+
+
+def test_scores_in_query_chunks_equal_the_whole_and_bound_the_dot_products(monkeypatch):
+    """A 32k Flash prefill's [T, Hi, N] dot products are 69 GB at once: the scores are made in query chunks
+    of at most SCORE_ELEMENTS products, each row's arithmetic unchanged."""
+    import dsv4.layers.indexer as indexer_mod
+    ix = build_attention(4).indexer
+    q, keys, w = rand(37, 2, 128, seed=6), rand(11, 128, seed=7), rand(37, 2, seed=8)
+    whole = ix.scores(q, keys, w)
+    seen = []
+    real_einsum = torch.einsum
+
+    def spy(eq, *ops):
+        if eq == "thd,nd->thn":
+            seen.append(ops[0].shape[0])
+        return real_einsum(eq, *ops)
+
+    monkeypatch.setattr(indexer_mod, "SCORE_ELEMENTS", 2 * 11 * 5)     # 5 query rows a chunk
+    monkeypatch.setattr(indexer_mod.torch, "einsum", spy)
+    chunked = ix.scores(q, keys, w)
+    assert seen == [5] * 7 + [2]
+    torch.testing.assert_close(chunked, whole, rtol=1e-6, atol=1e-5)     # a chunk's GEMM may block rows anew
+    monkeypatch.setattr(indexer_mod, "SCORE_ELEMENTS", 1 << 28)
+    seen.clear()
+    assert torch.equal(ix.scores(q, keys, w), whole) and seen == [37]      # fits: one chunk, the whole's bits
+    assert indexer_mod.query_rows(32768, 64 * 8192) * 64 * 8192 <= 1 << 28
+    assert indexer_mod.query_rows(1, 10 ** 12) == 1
