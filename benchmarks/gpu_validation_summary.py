@@ -57,6 +57,11 @@ def _audit_of(columns: Any) -> Any:
     return None
 
 
+ROW_FIGURES = {"zoo": ("fault", "backend", "caught", "localized", "passed", "error", "seconds"),
+               "decode": ("config", "device", "ms_per_step", "wall_over_kernel", "wall_over_kernel_target",
+                          "graph_equals_eager", "eager_launches_per_step", "host_per_eager_launch_us")}
+
+
 def _figures(name: str, data: dict[str, Any] | None) -> dict[str, Any]:
     """The figures that carry a step's verdict (the whole JSON stays in the results directory)."""
     if data is None:
@@ -65,9 +70,9 @@ def _figures(name: str, data: dict[str, Any] | None) -> dict[str, Any]:
             "errors", "backend", "device", "timing", "rows", "summary", "seconds", "audited_over_plain",
             "audit_overhead_over_emulated", "weights_exact", "columns", "acceptance", "tau")
     out = {k: data[k] for k in keep if k in data}
-    if "rows" in out:   # bug zoo: one line per row
-        out["rows"] = [{k: r.get(k) for k in ("fault", "backend", "caught", "localized", "passed", "error",
-                                              "seconds")} for r in out["rows"]]
+    if "rows" in out:   # one line per row: the bug zoo's faults, or the decode bench's configs
+        keys = ROW_FIGURES["decode" if any("config" in r for r in out["rows"]) else "zoo"]
+        out["rows"] = [{k: r.get(k) for k in keys} for r in out["rows"]]
     if isinstance(out.get("verdict"), dict):
         v = out["verdict"]
         out["verdict"] = {k: v[k] for k in ("passed", "failed_rules", "first_divergence", "pairs") if k in v} or v

@@ -93,3 +93,31 @@ def test_the_script_is_valid_bash_and_its_gate_runs_tests_beside_the_verdicts() 
     gate = text[text.index("  gate)"):text.index(";;", text.index("  gate)"))]
     assert "run_part tests &" in gate and "run_part verdicts" in gate and "run_part zoo" in gate and "wait" in gate
     assert "gate," in text[text.index("unknown part"):]
+
+
+def test_the_summary_keeps_the_decode_benchs_figures_and_the_zoos_own(tmp_path: Path) -> None:
+    """The decode bench and the bug zoo both write ``rows``: each keeps the figures that carry its verdict
+    (a decode row once came out as a zoo row of nulls)."""
+    import json
+    import subprocess
+    import sys
+
+    res = tmp_path / "res"
+    res.mkdir()
+    (res / "steps.jsonl").write_text('{"name": "bench_decode_graphs", "rc": 0, "seconds": 67, "limit": 300}\n'
+                                     '{"name": "zoo_kernel_faults", "rc": 0, "seconds": 50, "limit": 300}\n')
+    (res / "bench_decode_graphs.json").write_text(json.dumps({"rows": [
+        {"config": "tiny", "ms_per_step": {"graph": 5.1}, "wall_over_kernel": {"graph": 1.25},
+         "graph_equals_eager": True, "device_work": {"eager": {}}}]}))
+    (res / "zoo_kernel_faults.json").write_text(json.dumps({"rows": [{"fault": "f", "caught": True, "extra": 1}]}))
+    out = tmp_path / "s.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_validation_summary.py"), str(res),
+                        "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    steps = {st["name"]: st for st in json.loads(out.read_text())["steps"]}
+    row = steps["bench_decode_graphs"]["result"]["rows"][0]
+    assert row["config"] == "tiny" and row["wall_over_kernel"] == {"graph": 1.25} and row["graph_equals_eager"]
+    assert "device_work" not in row and "fault" not in row
+    assert steps["zoo_kernel_faults"]["result"]["rows"] == [{"fault": "f", "backend": None, "caught": True,
+                                                             "localized": None, "passed": None, "error": None,
+                                                             "seconds": None}]
