@@ -135,8 +135,7 @@ def test_supports_only_dense_decode_requests():
     assert DecodeGemm100.supports(GemmRequest(a, b, swiglu_limit=7.0))
     grouped = GroupedGemmRequest(a, _operand(512, 256, 11, groups=2), torch.tensor([0, 2, 4], dtype=torch.int32),
                                  torch.ones(2))
-    assert not DecodeGemm100.supports(grouped)  # the grouped (MoE) form is not written for sm_100a
-
+    assert not DecodeGemm100.supports(grouped)  # the grouped form is GroupedDecodeGemm100's
 
 
 def test_backend_routes_dense_decode_requests_to_the_decode_kernel(monkeypatch):

@@ -76,6 +76,7 @@ class Sm100Backend:
         self.cache = KernelCache(scope=("sm100-gemm", str(self.device)))   # shared by every load in the process
         self._act_quant: dict[str, object] = {}  # arch -> ActQuantRunner (its own compile cache)
         self._decode_gemm = None  # DecodeGemm100, built on the first decode-sized call
+        self._grouped_decode_gemm = None  # GroupedDecodeGemm100, likewise (its route is off by default)
 
     def route(self, req: GemmRequest) -> str:
         """``"decode kernel"`` or ``"generic kernel"``: which kernel :meth:`gemm` gives a valid request
@@ -86,6 +87,20 @@ class Sm100Backend:
 
         if self.routes and use_decode_kernel(req.a.rows, req.b.rows, req.a.k) and DecodeGemm100.supports(req):
             return "decode kernel"
+        return "generic kernel"
+
+    def route_grouped(self, req: GroupedGemmRequest) -> str:
+        """``"grouped decode kernel"`` or ``"generic kernel"``: which kernel :meth:`grouped_gemm` gives a
+        valid request (pure). Generic unless ``decode_route.GROUPED_DECODE_ROUTE`` is on (off by default)."""
+        from . import decode_route
+
+        if not (self.routes and decode_route.GROUPED_DECODE_ROUTE):  # off: the request is not even read
+            return "generic kernel"
+        if decode_route.use_grouped_decode_kernel(req.a.rows, req.num_experts, req.a.k):
+            from .grouped_decode_launch import GroupedDecodeGemm100
+
+            if GroupedDecodeGemm100.supports(req):
+                return "grouped decode kernel"
         return "generic kernel"
 
     def _decoder(self):
@@ -156,6 +171,12 @@ class Sm100Backend:
         return self._run(self._prepare_gemm(req), arch)
 
     def grouped_gemm(self, req: GroupedGemmRequest, *, check_values: bool = True) -> torch.Tensor:
+        if self.route_grouped(req) == "grouped decode kernel":  # it validates (graph-capture safe)
+            if self._grouped_decode_gemm is None:
+                from .grouped_decode_launch import GroupedDecodeGemm100
+
+                self._grouped_decode_gemm = GroupedDecodeGemm100(self.device)
+            return self._grouped_decode_gemm(req, check_values=check_values)
         req.validate(check_values=check_values)
         arch = self._check_device(req.a.packed)
         return self._run(self._prepare_grouped(req), arch)

@@ -3,8 +3,8 @@
 ``DecodeGemm100(device)(req)`` runs a dense ``GemmRequest`` with ``1 <= a.rows <= 16`` tokens and
 ``K % 32 == 0`` (``DecodeGemm100.supports(req)``), plain or with the fused SwiGLU (weights stacked
 ``[gate; up]``). Numerics are those of ``Sm100Backend`` (block-scaled MMA, FP32 accumulation, alpha in
-FP32, BF16 out) with a fixed, deterministic split-K summation order. The grouped (MoE) form is not
-written for sm_100a yet; ``Sm100Backend.grouped_gemm`` keeps serving it.
+FP32, BF16 out) with a fixed, deterministic split-K summation order. The grouped (MoE) form is
+``grouped_decode_launch.GroupedDecodeGemm100`` (its route off until it has run on a B200).
 
 Wiring: ``Sm100Backend.gemm`` sends a request here when ``decode_route.use_decode_kernel`` and
 :meth:`DecodeGemm100.supports` say so (``Sm100Backend.route``); ``prepare_gemm`` and the generic path
