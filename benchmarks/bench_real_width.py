@@ -548,7 +548,13 @@ class Bench:
                            "time; host RSS includes the Python/torch baseline (CPU runs)"}
 
     def main(self) -> int:
-        a = self.a
+        a, limit = self.a, self.c.max_position_embeddings
+        if max(a.prefill_list) > limit:     # before any checkpoint is built
+            raise SystemExit(f"--prefill: expected lengths <= {limit} (max_position_embeddings of {self.c.name}), "
+                             f"found {max(a.prefill_list)}")
+        if a.decode_cache + a.decode_steps + 1 > limit:    # + the warm-up step
+            self.log(f"--decode-cache {a.decode_cache}: {limit - a.decode_steps - 1} ({self.c.name} holds {limit} positions)")
+            a.decode_cache = limit - a.decode_steps - 1
         self.log(f"{self.c.name}: {self.c.num_hidden_layers} layers {[layer_kind(self.c, i) for i in range(self.c.num_hidden_layers)]}, "
                  f"D={self.c.hidden_size}, E={self.c.n_routed_experts} top-{self.c.num_experts_per_tok}, "
                  f"V={self.c.vocab_size}; device {self.res['machine']['card']}; budget {a.budget_s:.0f} s")

@@ -118,6 +118,15 @@ def test_bad_prefill_is_one_clear_error() -> None:
     assert r.returncode == 2 and "expected comma-separated integers, found '1k'" in r.stderr
 
 
+def test_a_prefill_past_the_models_positions_is_refused_before_any_build(tmp_path) -> None:
+    """tiny holds 1,024 positions: an 8k prefill is one clear error, and no checkpoint is written."""
+    r = subprocess.run([sys.executable, str(BENCH / "bench_real_width.py"), "--width", "tiny", "--prefill", "8192",
+                        "--device", "cpu", "--workdir", str(tmp_path / "w"), "--out", str(tmp_path / "x.json")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "expected lengths <= 1024" in r.stderr and "found 8192" in r.stderr
+    assert not (tmp_path / "w").exists()
+
+
 @pytest.fixture
 def results(tiny_run, tmp_path, monkeypatch) -> Path:
     from parity import verdict_time
