@@ -20,9 +20,11 @@ copied together), each finished by the epilogue before the next reuses the buffe
 round trip through HBM (an H100, M = 4,096, 32768 x 1024: 765 us against cuBLAS BF16's 410 us,
 ``benchmarks/results/h100_bench_nvfp4_shapes_prefill_s4.json``) stays on chip. A column block is an
 ordinary GEMM of the same K, accumulated in FP32: the same bound holds. ``PrefillGemm(column_blocks=True)``
-cuts them (for ``l2_bytes``, else the card's L2); the default form only once ``FP32_COLUMN_BLOCKS`` is on,
-which waits for the blocks' GPU tests and the side-by-side bench (``bench_nvfp4_shapes.py``'s ``preblk``
-times beside ``pre``) to run on a GPU: written without one.
+cuts them (for ``l2_bytes``, else the card's L2). Timed side by side on an H100 at M = 4,096
+(``h100_bench_nvfp4_shapes_prefill_blocks_s5.json``, 22 dense Flash/Pro shapes): slower, median 1.06x the
+one-block form's time and 1.38x for Flash ``wq_b`` (1,060 against 766 us), never faster beyond noise;
+narrower cuBLAS products lose more than the L2 saves. So ``FP32_COLUMN_BLOCKS`` stays off (its GPU tests
+pass: the blocked form is exact, only not faster).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from ..common import KernelCache, LaunchResources, capturing, check_cuda, cu_str
 ARCH = "sm_90a"
 MAX_BLOCKS = 2**31 - 1            # the kernel's block index is 32-bit
 MAX_BF16_WEIGHT_BYTES = 4 * 2**30  # the dequantized weight (Pro's LM head: 1.85 GB)
-FP32_COLUMN_BLOCKS = False         # the default form's L2-sized FP32 blocks: off until timed on a GPU
+FP32_COLUMN_BLOCKS = False         # the default form's L2-sized FP32 blocks: timed slower (module doc)
 
 
 def column_block(m: int, n: int, l2_bytes: int) -> int:
