@@ -15,8 +15,8 @@ import torch
 from ...contract import (ActQuantRequest, FP4Operand, GemmRequest, GroupedGemmRequest,
                          KernelContractError)
 from ..common import KernelCache, check_cuda, expect
-from .layout import (TILE_M, KernelConfig, choose_config, grouped_schedule, swiglu_half_scales,
-                     swizzled_scales, launch_problems)
+from .layout import (TILE_M, KernelConfig, choose_config, grouped_schedule, launch_problems, swizzled_scales,
+                     weight_scale_view)
 
 ARCH_MAJOR = 10  # tcgen05 block-scaled MMAs: sm_100a / sm_103a
 DTYPES = "e2m1.e4m3x16.bf16"  # operand / scale / output types: part of every cache key
@@ -52,16 +52,6 @@ def _check_launchable(m: int, nb: int, k: int, **tensors: torch.Tensor) -> None:
     problems = launch_problems(m, nb, k, tensors)
     if problems:
         raise KernelContractError("; ".join(problems))
-
-
-def _b_view(b: FP4Operand, experts: int, swiglu: bool) -> tuple[torch.Tensor, int, int]:
-    """(flat swizzled SFB for the kernel's batches, rows per batch, batch count)."""
-    n = b.rows // experts
-    if not swiglu:
-        return swizzled_scales(b.scales, b.scale_layout, b.rows, b.k, experts), n, experts
-    if b.scale_layout == "linear":  # the halves are contiguous row blocks: swizzle each one directly
-        return swizzled_scales(b.scales, "linear", b.rows, b.k, 2 * experts), n // 2, 2 * experts
-    return swiglu_half_scales(b.scales, experts, n, b.k), n // 2, 2 * experts
 
 
 class Sm100Backend:
@@ -122,7 +112,7 @@ class Sm100Backend:
     def _prepare_gemm(self, req: GemmRequest) -> LaunchArgs:
         a, b, swiglu = req.a, req.b, req.swiglu_limit is not None
         sfa = swizzled_scales(a.scales, a.scale_layout, a.rows, a.k)
-        sfb, nb, lb = _b_view(b, 1, swiglu)
+        sfb, nb, lb = weight_scale_view(b, 1, swiglu)
         _check_launchable(a.rows, nb, a.k, a=a.packed, b=b.packed, a_scales=sfa, b_scales=sfb)
         dev = a.device
         return LaunchArgs(
@@ -135,7 +125,7 @@ class Sm100Backend:
     def _prepare_grouped(self, req: GroupedGemmRequest) -> LaunchArgs:
         a, b, e, swiglu = req.a, req.b, req.num_experts, req.swiglu_limit is not None
         sfa = swizzled_scales(a.scales, a.scale_layout, a.rows, a.k)
-        sfb, nb, lb = _b_view(b, e, swiglu)
+        sfb, nb, lb = weight_scale_view(b, e, swiglu)
         _check_launchable(a.rows, nb, a.k, a=a.packed, b=b.packed, a_scales=sfa, b_scales=sfb)
         # The schedule is built on the host (validate() reads the offsets there too): a second
         # small device->host copy, before the launch.

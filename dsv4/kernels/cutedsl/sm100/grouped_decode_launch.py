@@ -20,9 +20,8 @@ import torch
 from ...contract import GroupedGemmRequest, KernelContractError
 from ..common import (KernelCache, LaunchResources, capturing, check_align, check_cuda, compile_executor,
                       compile_with_ptx, cu_stream, expect, fake_gmem_ptr, gmem_ptr)
-from .backend import _b_view
 from .decode_launch import ARCH, ARCH_MAJOR, INT32_MAX, MAX_SPLITS, MAX_TOKENS, DecodeConfig, decode_plan
-from .layout import TILE_M, TMA_K_MULTIPLE, launch_problems, swizzled_scales
+from .layout import TILE_M, TMA_K_MULTIPLE, launch_problems, swizzled_scales, weight_scale_view
 from .token_tiles import SCHED_COLS, slot_count, slot_scale_bytes
 
 MAX_GRID_YZ = 65535
@@ -148,7 +147,7 @@ class GroupedDecodeGemm100(LaunchResources):
         if not validated:
             req.validate(check_values=check_values and not capturing())
         a, b, e = req.a, req.b, req.num_experts
-        wsf, n_out, lb = _b_view(b, e, req.swiglu_limit is not None)
+        wsf, n_out, lb = weight_scale_view(b, e, req.swiglu_limit is not None)
         xsf = swizzled_scales(a.scales, a.scale_layout, a.rows, a.k)
         problems = launch_problems(a.rows, n_out, a.k, dict(a=a.packed, b=b.packed, b_scales=wsf))
         if problems:

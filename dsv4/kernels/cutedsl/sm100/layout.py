@@ -4,7 +4,7 @@
 * The SwiGLU view of B: rows ``[gate; up]`` become two B batches (``2e`` gate, ``2e + 1`` up) of
   ``n/2`` rows. The packed FP4 bytes always allow this as a view; the swizzled scales do only when
   ``n/2`` is a multiple of 128 (each half is then a whole number of 128-row scale tiles), otherwise
-  they are repacked half by half.
+  they are repacked half by half (``weight_scale_view``: B's scales as the kernels' batches).
 * The grouped work schedule: one row ``(expert, m_tile, row_lo, row_hi)`` per (expert, 128-row tile
   of A) pair that intersects. Tiles follow the global 128-row grid of A so that SFA tiles are whole
   swizzle atoms of the contract's layout; a tile shared by two experts is computed once per expert
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...contract import FP4_BLOCK, round_up
+from ...contract import FP4_BLOCK, FP4Operand, round_up
 from ..common import swizzle_linear_scales
 
 TILE_M = 128  # rows of one cta_group::1 block-scaled MMA (and of one scale swizzle tile)
@@ -120,3 +120,13 @@ def launch_problems(m: int, nb: int, k: int, tensors: dict[str, torch.Tensor]) -
             out.append(f"{name} data_ptr: expected {TMA_ALIGN_BYTES}-byte aligned, found "
                        f"{t.data_ptr()} (mod {TMA_ALIGN_BYTES} = {t.data_ptr() % TMA_ALIGN_BYTES})")
     return out
+
+
+def weight_scale_view(b: FP4Operand, experts: int, swiglu: bool) -> tuple[torch.Tensor, int, int]:
+    """(flat swizzled SFB for the kernel's batches, rows per batch, batch count)."""
+    n = b.rows // experts
+    if not swiglu:
+        return swizzled_scales(b.scales, b.scale_layout, b.rows, b.k, experts), n, experts
+    if b.scale_layout == "linear":  # the halves are contiguous row blocks: swizzle each one directly
+        return swizzled_scales(b.scales, "linear", b.rows, b.k, 2 * experts), n // 2, 2 * experts
+    return swiglu_half_scales(b.scales, experts, n, b.k), n // 2, 2 * experts
