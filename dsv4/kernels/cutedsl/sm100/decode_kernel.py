@@ -88,6 +88,19 @@ class Sm100DecodeGemm:
         # the output in MMA space: C[row = output column, col = token] = y[token, row]
         c = cute.make_tensor(out_ptr, cute.make_layout((n_out, m), stride=(1, n_out)))
 
+        tiled_mma, tiled_mma_sfb, atoms, smem, tx_bytes = self.operand_atoms(w, x, wsf, xsf)
+        tma_a, tma_ta, tma_b, tma_tb, tma_sfa, tma_tsfa, tma_sfb, tma_tsfb = atoms
+        a_smem, b_smem, sfa_smem, sfb_smem = smem
+
+        self.kernel(tiled_mma, tiled_mma_sfb, tma_a, tma_ta, tma_b, tma_tb, tma_sfa, tma_tsfa, tma_sfb, tma_tsfb, c,
+                    alpha_a, alpha_b, workspace, counters, a_smem, b_smem, sfa_smem, sfb_smem, tx_bytes,
+                    splits, swiglu_limit).launch(grid=(tiles, splits, 1), block=[THREADS, 1, 1],
+                                                 cluster=(1, 1, 1), stream=stream)
+
+    def operand_atoms(self, w, x, wsf, xsf):
+        """The MMA (and its N = 128 twin for the token scales), the shared-memory ring layouts, the TMA
+        atoms of the weights, tokens and their scales, and the bytes one ring stage receives. Plain
+        Python, traced inline by the ``@cute.jit`` host entries (this kernel's and the grouped one's)."""
         tiled_mma = sm100_utils.make_blockscaled_trivial_tiled_mma(
             AB_DTYPE, AB_DTYPE, OperandMajorMode.K, OperandMajorMode.K, SF_DTYPE, SF_VEC,
             tcgen05.CtaGroup.ONE, self.mma_tiler[:2])
@@ -116,11 +129,8 @@ class Sm100DecodeGemm:
             g2s, xsf, sfb1, self.mma_tiler_sfb, tiled_mma_sfb, shp, internal_type=cutlass.Int16)
         tx_bytes = (self.num_a * (cute.size_in_bytes(AB_DTYPE, a1) + cute.size_in_bytes(SF_DTYPE, sfa1))
                     + cute.size_in_bytes(AB_DTYPE, b1) + cute.size_in_bytes(SF_DTYPE, sfb1))
-
-        self.kernel(tiled_mma, tiled_mma_sfb, tma_a, tma_ta, tma_b, tma_tb, tma_sfa, tma_tsfa, tma_sfb, tma_tsfb, c,
-                    alpha_a, alpha_b, workspace, counters, a_smem, b_smem, sfa_smem, sfb_smem, tx_bytes,
-                    splits, swiglu_limit).launch(grid=(tiles, splits, 1), block=[THREADS, 1, 1],
-                                                 cluster=(1, 1, 1), stream=stream)
+        return (tiled_mma, tiled_mma_sfb, (tma_a, tma_ta, tma_b, tma_tb, tma_sfa, tma_tsfa, tma_sfb, tma_tsfb),
+                (a_smem, b_smem, sfa_smem, sfb_smem), tx_bytes)
 
     @cute.kernel
     def kernel(self, tiled_mma: cute.TiledMma, tiled_mma_sfb: cute.TiledMma, tma_a: cute.CopyAtom, mA: cute.Tensor,
@@ -129,9 +139,19 @@ class Sm100DecodeGemm:
                alpha_b: cute.Pointer, workspace: cute.Pointer, counters: cute.Pointer,
                a_smem: cute.ComposedLayout, b_smem: cute.ComposedLayout, sfa_smem: cute.Layout,
                sfb_smem: cute.Layout, tx_bytes: cutlass.Constexpr, splits: Int32, swiglu_limit: Float32):
+        tile, split, _ = cute.arch.block_idx()
+        self._cta(tiled_mma, tiled_mma_sfb, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB, mC, alpha_a, alpha_b,
+                  workspace, counters, a_smem, b_smem, sfa_smem, sfb_smem, tx_bytes, tile, split, 0, 0, splits,
+                  swiglu_limit)
+
+    @cute.jit
+    def _cta(self, tiled_mma, tiled_mma_sfb, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb, mSFB, mC, alpha_a, alpha_b,
+             workspace, counters, a_smem, b_smem, sfa_smem, sfb_smem, tx_bytes: cutlass.Constexpr, tile, split,
+             slot, wb0, splits, swiglu_limit):
+        """One CTA: output tile ``tile`` over K range ``split``, weight batch ``wb0`` (``wb0 + 1``: the up
+        half) and token batch ``slot`` (both 0 here; the grouped kernel passes an expert's and a slot's)."""
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        tile, split, _ = cute.arch.block_idx()
 
         @cute.struct
         class SharedStorage:
@@ -189,14 +209,14 @@ class Sm100DecodeGemm:
         tAsSFA0, tAsSFA1, tAgSFA = (cute.filter_zeros(tAsSFA0), cute.filter_zeros(tAsSFA1),
                                     cute.filter_zeros(tAgSFA))
         tBsSFB, tBgSFB = cute.filter_zeros(tBsSFB), cute.filter_zeros(tBgSFB)
-        tAgA0 = tAgA[(None, tile, None, 0)]  # ((atom_v, rest_v), RestK): gate (or the only) batch
-        tAgSFA0 = tAgSFA[(None, tile, None, 0)]
+        tAgA0 = tAgA[(None, tile, None, wb0)]  # ((atom_v, rest_v), RestK): gate (or the only) batch
+        tAgSFA0 = tAgSFA[(None, tile, None, wb0)]
         tAgA1, tAgSFA1 = tAgA0, tAgSFA0
         if cutlass.const_expr(self.swiglu):
-            tAgA1 = tAgA[(None, tile, None, 1)]
-            tAgSFA1 = tAgSFA[(None, tile, None, 1)]
-        tBgB = tBgB[(None, 0, None, 0)]
-        tBgSFB = tBgSFB[(None, 0, None, 0)]
+            tAgA1 = tAgA[(None, tile, None, wb0 + 1)]
+            tAgSFA1 = tAgSFA[(None, tile, None, wb0 + 1)]
+        tBgB = tBgB[(None, 0, None, slot)]   # the tokens (the grouped kernel: a slot's gathered tile)
+        tBgSFB = tBgSFB[(None, 0, None, slot)]
 
         # ---- TMEM: [acc0 | acc1 | SFA0 | SFA1 | SFB] --------------------------------------------
         tCrA0 = tiled_mma.make_fragment_A(sA0)
