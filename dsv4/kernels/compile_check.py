@@ -20,7 +20,7 @@ ARCHES = ("sm_90a", "sm_100a")
 
 
 def collect(arch: str) -> list:
-    """All builds for ``arch``: the arch package's GEMMs plus the shared activation quantizer."""
+    """All builds for ``arch``: the arch package's GEMMs (generic, decode route), the shared activation quantizer."""
     from .cutedsl.act_quant_host import act_quant_builds
     from .cutedsl.common import KernelBuild
 
@@ -28,9 +28,11 @@ def collect(arch: str) -> list:
     try:
         if arch == "sm_90a":
             from .cutedsl.sm90 import compile_for_check
+            from .cutedsl.sm90.decode_compile import decode_builds
         else:
             from .cutedsl.sm100 import compile_for_check
-        builds += compile_for_check()
+            from .cutedsl.sm100.decode_compile import decode_builds
+        builds += compile_for_check() + decode_builds()   # the generic kernels, then the decode route's
     except Exception as e:  # an arch package that does not import is a failed pre-flight
         builds.append(KernelBuild(f"{arch} package", arch, "", 0.0, error=f"{type(e).__name__}: {e}"))
     return builds + act_quant_builds(arch)
