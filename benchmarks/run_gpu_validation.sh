@@ -4,7 +4,7 @@
 # Parts fit one 10-minute device call each and append to the same results directory (/tmp/gpu-results,
 # kept while the machine is warm); every part rewrites one JSON summary naming the card
 # (benchmarks/gpu_validation_summary.py) and copies it, with the log, to $OUT.
-#   tests     pytest -m "(gpu or sm90) and not parity" (142 tests, 165 s on an H100 beside the verdicts part)
+#   tests     pytest -m "(gpu or sm90) and not parity" (206 tests, 120 s alone on an H100, 2026-12-07)
 #   parity-zoo / parity-rest: pytest -m parity in two calls, the bug-zoo file and the rest (the whole
 #             marker took over 540 s on an H100: 84 of 92 tests); junit XML counted
 #   verdicts  first_token chat+thinking on cutedsl_sm90 (bug-budget column = exact audit), parity.audit run,
