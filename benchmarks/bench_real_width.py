@@ -491,10 +491,10 @@ class Bench:
                            "time; host RSS includes the Python/torch baseline (CPU runs)"}
 
     def main(self) -> int:
-        a, limit = self.a, self.c.max_position_embeddings
-        if max(a.prefill_list) > limit:     # before any checkpoint is built
+        a, limit, longest = self.a, self.c.max_position_embeddings, max(self.a.prefill_list)
+        if longest > limit:     # before any checkpoint is built
             raise SystemExit(f"--prefill: expected lengths <= {limit} (max_position_embeddings of {self.c.name}), "
-                             f"found {max(a.prefill_list)}")
+                             f"found {longest}")
         if a.decode_cache + a.decode_steps + 1 > limit:    # + the warm-up step
             self.log(f"--decode-cache {a.decode_cache}: {limit - a.decode_steps - 1} ({self.c.name} holds {limit} positions)")
             a.decode_cache = limit - a.decode_steps - 1

@@ -4,9 +4,7 @@ pointers for sm_100a, its PTX kept for the census (the generic kernel's patterns
 MMA into TMEM). ``compile_check`` lists these beside the generic kernel's."""
 from __future__ import annotations
 
-import time
-
-from ..common import KernelBuild
+from ..common import KernelBuild, check_build
 from .compile import FORBIDDEN, PLAIN_FORBIDDEN, REQUIRED, SWIGLU_REQUIRED
 from .decode_launch import ARCH, DecodeConfig
 
@@ -16,31 +14,22 @@ GATHER_FORBIDDEN = [r"tcgen05", r"wgmma"]
 SHAPE_CLASSES = tuple(DecodeConfig(ntok, swiglu) for ntok in (8, 16) for swiglu in (False, True))
 
 
-def _build(name: str, arch: str, compile_ptx, required: list[str], forbidden: list[str]) -> KernelBuild:
-    if arch != ARCH:
-        required = [p.replace("sm_100a", arch) for p in required]
-    t0 = time.perf_counter()
-    try:
-        _, ptx, seconds = compile_ptx()
-    except Exception as e:  # reported, not raised: the pre-flight lists every failing build
-        return KernelBuild(name, arch, "", time.perf_counter() - t0, required, forbidden,
-                           error=f"{type(e).__name__}: {e}")
-    return KernelBuild(name, arch, ptx or "", seconds, required, forbidden)
-
-
 def decode_builds(arch: str = ARCH) -> list[KernelBuild]:
     from .decode_launch import compile_decode_gemm
     from .grouped_decode_launch import compile_grouped_decode_gemm, compile_token_gather
+
+    def on_arch(patterns: list[str]) -> list[str]:
+        return [p.replace("sm_100a", arch) for p in patterns]
 
     builds = []
     for cfg in SHAPE_CLASSES:
         req = REQUIRED + (SWIGLU_REQUIRED if cfg.swiglu else [])
         forbidden = FORBIDDEN + ([] if cfg.swiglu else PLAIN_FORBIDDEN)
         for kind, fn in (("decode_gemm", compile_decode_gemm), ("grouped_decode_gemm", compile_grouped_decode_gemm)):
-            builds.append(_build(f"cutedsl_sm100.{kind}.{cfg.tag}", arch,
-                                 lambda fn=fn, cfg=cfg: fn(cfg, arch, keep_ptx=True), req, list(forbidden)))
+            builds.append(check_build(f"cutedsl_sm100.{kind}.{cfg.tag}", arch,
+                                      lambda fn=fn, cfg=cfg: fn(cfg, arch, keep_ptx=True), on_arch(req), forbidden))
     for ntok in (8, 16):
-        builds.append(_build(f"cutedsl_sm100.token_gather.t{ntok}", arch,
-                             lambda ntok=ntok: compile_token_gather(ntok, arch, keep_ptx=True),
-                             list(GATHER_REQUIRED), list(GATHER_FORBIDDEN)))
+        builds.append(check_build(f"cutedsl_sm100.token_gather.t{ntok}", arch,
+                                  lambda ntok=ntok: compile_token_gather(ntok, arch, keep_ptx=True),
+                                  on_arch(GATHER_REQUIRED), GATHER_FORBIDDEN))
     return builds

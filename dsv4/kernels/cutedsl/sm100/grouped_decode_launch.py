@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from ...contract import GroupedGemmRequest, KernelContractError
-from ..common import (KernelCache, LaunchResources, capturing, check_align, check_cuda, compile_executor,
-                      compile_with_ptx, cu_stream, expect, fake_gmem_ptr, gmem_ptr)
+from ..common import (KernelCache, LaunchResources, capturing, check_align, check_cuda, compile_placeholder,
+                      cu_stream, expect, gmem_ptr)
 from .decode_launch import ARCH, ARCH_MAJOR, INT32_MAX, MAX_SPLITS, MAX_TOKENS, DecodeConfig, decode_plan
 from .layout import TILE_M, TMA_K_MULTIPLE, launch_problems, swizzled_scales, weight_scale_view
 from .token_tiles import SCHED_COLS, slot_count, slot_scale_bytes
@@ -88,21 +88,14 @@ def gather_arg_types():
     return [(i32, 4), (u8, 16), (u8, 4), (u8, 16), (u8, 16), (i32, 16)]
 
 
-def _compile(fn, arg_types, scalars, arch: str, keep_ptx: bool):
-    import cuda.bindings.driver as cuda
-
-    args = (fn, *[fake_gmem_ptr(dt, al) for dt, al in arg_types], *scalars, cuda.CUstream(0))
-    return compile_with_ptx(*args, arch=arch) if keep_ptx else compile_executor(*args, arch=arch)
-
-
 def compile_grouped_decode_gemm(cfg: DecodeConfig, arch: str = ARCH, *, keep_ptx: bool = False):
     """One GEMM shape class, placeholder pointers (no GPU): the executor, or ``(executor, ptx, seconds)``."""
     from cutlass import Float32, Int32
 
     from .grouped_decode_kernel import Sm100GroupedDecodeGemm
 
-    return _compile(Sm100GroupedDecodeGemm(cfg.ntok, cfg.swiglu, cfg.stages), gemm_arg_types(),
-                    [*([Int32(1)] * 6), Float32(1.0)], arch, keep_ptx)
+    return compile_placeholder(Sm100GroupedDecodeGemm(cfg.ntok, cfg.swiglu, cfg.stages), gemm_arg_types(),
+                               [*([Int32(1)] * 6), Float32(1.0)], arch=arch, keep_ptx=keep_ptx)
 
 
 def compile_token_gather(ntok: int, arch: str = ARCH, *, keep_ptx: bool = False):
@@ -111,8 +104,8 @@ def compile_token_gather(ntok: int, arch: str = ARCH, *, keep_ptx: bool = False)
 
     from .token_gather_kernel import TokenGather
 
-    return _compile(TokenGather(ntok), gather_arg_types(), [Int32(1), Int32(TMA_K_MULTIPLE), Int32(1)], arch,
-                    keep_ptx)
+    return compile_placeholder(TokenGather(ntok), gather_arg_types(), [Int32(1), Int32(TMA_K_MULTIPLE), Int32(1)],
+                               arch=arch, keep_ptx=keep_ptx)
 
 
 # ---- launches -----------------------------------------------------------------------------------

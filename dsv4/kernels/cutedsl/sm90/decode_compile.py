@@ -3,7 +3,7 @@ pick (the default plan's: 8 or 16 tokens, dense or grouped, plain or SwiGLU), co
 pointers, its PTX kept for the census. ``compile_check`` lists these beside the generic kernel's."""
 from __future__ import annotations
 
-from ..common import KernelBuild
+from ..common import KernelBuild, check_build
 from .decode_launch import ARCH, decode_plan
 
 # warp-level FP16 MMAs fed from an mbarrier ring, the FP4 decoded in registers: no WGMMA, no sm_100 code
@@ -32,14 +32,7 @@ def decode_variants() -> list[tuple[str, object]]:
 def decode_builds(arch: str = ARCH) -> list[KernelBuild]:
     from .decode_launch import compile_decode_gemm
 
-    builds = []
-    for name, cfg in decode_variants():
-        req = REQUIRED + (SWIGLU_REQUIRED if cfg.swiglu else [])
-        forbidden = FORBIDDEN + ([] if cfg.swiglu else PLAIN_FORBIDDEN)
-        try:
-            _, ptx, secs = compile_decode_gemm(cfg, arch, keep_ptx=True)
-            builds.append(KernelBuild(f"cutedsl_sm90.{name}", arch, ptx, secs, req, forbidden))
-        except Exception as e:  # reported, not raised: the pre-flight lists every failing build
-            builds.append(KernelBuild(f"cutedsl_sm90.{name}", arch, "", 0.0, req, forbidden,
-                                      error=f"{type(e).__name__}: {e}"))
-    return builds
+    return [check_build(f"cutedsl_sm90.{name}", arch, lambda cfg=cfg: compile_decode_gemm(cfg, arch, keep_ptx=True),
+                        REQUIRED + (SWIGLU_REQUIRED if cfg.swiglu else []),
+                        FORBIDDEN + ([] if cfg.swiglu else PLAIN_FORBIDDEN))
+            for name, cfg in decode_variants()]
