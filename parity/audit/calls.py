@@ -279,12 +279,19 @@ class _Bank:
                 return self.w3[ids[0]:ids[-1] + 1], self.wa3[ids[0]:ids[-1] + 1]
             idx = torch.tensor(ids, device=self.w3.device)
             return self.w3[idx], self.wa3[idx]
-        w = torch.stack([self._expert(e) for e in ids])
+        w = self._experts(ids)
         return w, w.abs()
 
-    def _expert(self, e: int) -> torch.Tensor:
-        n = self.n
-        return nvfp4_dequantize(self.op.packed[e * n:(e + 1) * n], group_scales(self.op, e, n), 1.0)
+    def _experts(self, ids: list[int]) -> torch.Tensor:
+        """Experts ``ids`` decoded in one call from their own rows and scales (no per-expert stack)."""
+        n, k, op = self.n, self.k, self.op
+        idx = torch.tensor(ids, device=op.packed.device)
+        packed = op.packed.reshape(self.experts, n, k // 2).index_select(0, idx)
+        if op.scale_layout == "linear":
+            scales = op.scales.reshape(self.experts, n, k // 16).index_select(0, idx.to(op.scales.device))
+        else:
+            scales = torch.stack([group_scales(op, e, n) for e in ids])
+        return nvfp4_dequantize(packed, scales, 1.0)
 
 
 def _grouped_batched_clean(check: CallCheck, req: GroupedGemmRequest, got: torch.Tensor, a: torch.Tensor,
