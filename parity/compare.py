@@ -84,6 +84,16 @@ def _float_records(w: Where, name: str, a: torch.Tensor, b: torch.Tensor, s: Com
     return out
 
 
+SELECTION_SUFFIXES = ("ffn.router.topk_ids", "attn.indexer.topk")
+
+
+def _beside(b: Any, a: Any) -> Any:
+    """``b`` on ``a``'s device (a test probe left on the GPU, ``parity.probe_home``, against a host anchor)."""
+    if isinstance(b, torch.Tensor) and isinstance(a, torch.Tensor) and b.device != a.device:
+        return b.to(a.device)
+    return b
+
+
 def compare_probes(anchor: Mapping[str, torch.Tensor], test: Mapping[str, torch.Tensor], *, where: Where,
                    config: DSV4Config, ids: torch.Tensor, router_bias: RouterBias | None = None,
                    settings: CompareSettings = CompareSettings(),
@@ -110,8 +120,10 @@ def compare_probes(anchor: Mapping[str, torch.Tensor], test: Mapping[str, torch.
         if name not in test:
             raise ProbeMismatchError(f"probe {name!r}: emitted by the anchor, missing on the test side "
                                      f"({where.pair}, {where.compare_mode}, prompt {where.prompt_id})")
-        b = test[name]
         layer, suffix = parse_probe(name)
+        b = test[name]
+        if suffix in ENTRY_SUFFIXES or suffix in SELECTION_SUFFIXES:
+            b = _beside(b, a)   # selections are judged where the anchor lives (small integer tensors)
         if suffix not in ENTRY_SUFFIXES and getattr(a, "shape", None) != getattr(b, "shape", None):
             # a judgement, not a crash: the probe fails the exact rule shape_mismatch == 0 (both shapes logged)
             log.warning("probe %s (%s, %s, prompt %s): shapes differ: anchor %s, test %s", name, where.pair,
@@ -134,7 +146,8 @@ def compare_probes(anchor: Mapping[str, torch.Tensor], test: Mapping[str, torch.
             sel = router_agreement(
                 a, b, a_logits=anchor.get(layer_probe(layer, "ffn.router.logits")),
                 a_weights=anchor.get(layer_probe(layer, "ffn.router.weights")),
-                b_weights=test.get(layer_probe(layer, "ffn.router.weights")), bias=bias, hash_layer=hash_layer,
+                b_weights=_beside(test.get(layer_probe(layer, "ffn.router.weights")), a), bias=bias,
+                hash_layer=hash_layer,
                 tie_margin=settings.router_tie)
             records += [where.rec(name, m, v) for m, v in sel.items()]
             continue

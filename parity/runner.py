@@ -103,10 +103,11 @@ def _abnormal(name: str, v: torch.Tensor) -> bool:
     return not name.endswith("scores") and bool(torch.isneginf(v).any())
 
 
-def run_propagated(model: Any, ids: torch.Tensor, device: str = "cpu") -> SideOutput:
-    """Prefill ``ids`` with every probe recorded; ``seconds['forward']`` is the model call alone."""
+def run_propagated(model: Any, ids: torch.Tensor, device: str = "cpu", probes_on_device: bool = False) -> SideOutput:
+    """Prefill ``ids`` with every probe recorded; ``seconds['forward']`` is the model call alone. The
+    probes come back on the host unless ``probes_on_device`` (``parity.probe_home``)."""
     ids_dev = ids.to(device) if not _on_cpu(device) else ids
-    rec = ProbeRecorder(to_cpu=not _on_cpu(device))
+    rec = ProbeRecorder(to_cpu=not _on_cpu(device) and not probes_on_device)
     _sync(device)
     t0 = time.perf_counter()
     with torch.no_grad(), rec, _trace_nonfinite(rec, "propagated"):
@@ -125,10 +126,10 @@ def run_propagated(model: Any, ids: torch.Tensor, device: str = "cpu") -> SideOu
 
 
 def run_isolated(model: Any, ids: torch.Tensor, anchor: SideOutput, num_layers: int,
-                 device: str = "cpu") -> tuple[dict[str, torch.Tensor], float]:
+                 device: str = "cpu", probes_on_device: bool = False) -> tuple[dict[str, torch.Tensor], float]:
     """The test model's probes with every layer fed the anchor's layer input; returns (probes, seconds)."""
     ids_dev = ids.to(device) if not _on_cpu(device) else ids
-    rec = ProbeRecorder(to_cpu=not _on_cpu(device))
+    rec = ProbeRecorder(to_cpu=not _on_cpu(device) and not probes_on_device)
     missing = [layer_probe(i, "out") for i in range(num_layers) if layer_probe(i, "out") not in anchor.probes]
     if missing:
         raise SurfaceError(f"isolated mode needs the anchor's layer outputs, missing {missing}")

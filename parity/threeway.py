@@ -31,6 +31,7 @@ from .env import code_version, device_name, versions
 from .errors import ParityInputError
 from .inputs import EncodedPrompt
 from .logits_stats import FIRST_PREFIX, PositionStats, summarize
+from .probe_home import fits_on_device, probe_bytes, run_with_home, to_host
 from .records import ALL_PROMPTS, COMPARE_MODES, RunContext, new_run_id
 from .refcache import ReferenceCache, cache_key, dtype_name
 from .rules import RuleSet
@@ -228,11 +229,16 @@ class _Runner:
             ids = p.tensor()
             if auditor is not None:
                 auditor.prompt_id = p.id
-            out = run_propagated(model, ids, spec.device)
+            release = lambda: free_memory(spec.device)  # noqa: E731
+            # the test side's probes stay on the GPU when they fit (compared there, then dropped)
+            home = fits_on_device(probe_bytes(anchor.probes), spec.device)
+            out, home = run_with_home(lambda d: run_propagated(model, ids, spec.device, probes_on_device=d), home,
+                                      release)
             self.forwards.append(ForwardTime(name, label, p.id, "propagated", out.seconds["forward"], p.n_tokens))
             tests = {"propagated": out.probes}
             if "isolated" in spec.modes:
-                iso, secs = run_isolated(model, ids, anchor, L, spec.device)
+                (iso, secs), _ = run_with_home(
+                    lambda d: run_isolated(model, ids, anchor, L, spec.device, probes_on_device=d), home, release)
                 self.forwards.append(ForwardTime(name, label, p.id, "isolated", secs, p.n_tokens))
                 tests["isolated"] = iso
             t_cmp = _now()
@@ -245,9 +251,10 @@ class _Runner:
                 if st is not None:
                     stats[mode].append((n, st))
             _add(result.phase_seconds, "compare", _now() - t_cmp)
-            result.last_logits[p.id] = (anchor.logits[-1].float(), out.logits[-1].float())
-            if keep_outputs:
-                kept.append(out)
+            result.last_logits[p.id] = (anchor.logits[-1].float(), out.logits[-1].float().cpu())
+            del tests
+            if keep_outputs:   # a later column's anchor: on the host, as every anchor
+                kept.append(SideOutput(to_host(out.probes), out.streams, out.seconds))
         self.progress(f"{name}: {label} forward", len(spec.prompts), len(spec.prompts))
         result.position_stats = stats
         self.records += aggregate_records(spec, ctx, name, {m: [st for _, st in v] for m, v in stats.items()})

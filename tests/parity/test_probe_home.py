@@ -1,0 +1,74 @@
+"""A test forward's probes stay on the GPU when they fit (parity.probe_home): the same records as with
+them on the host, a fallback to the host when the device runs out of memory, and the CPU unchanged."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from parity import probe_home, threeway
+from parity.bugzoo.backends import CLEAN_KERNEL, installed
+from parity.threeway import RunSpec, run_threeway
+
+
+def test_probe_bytes_counts_tensors_only() -> None:
+    assert probe_home.probe_bytes({"a": torch.zeros(3, 4), "b": torch.zeros(5, dtype=torch.int64), "c": 7}) == 88
+
+
+def test_nothing_is_device_resident_on_the_cpu() -> None:
+    assert not probe_home.fits_on_device(0, "cpu")
+
+
+def test_out_of_memory_on_the_device_is_retried_on_the_host() -> None:
+    tries, released = [], []
+
+    def run(on_device: bool) -> str:
+        tries.append(on_device)
+        if on_device:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return "host result"
+
+    assert probe_home.run_with_home(run, True, lambda: released.append(1)) == ("host result", False)
+    assert tries == [True, False] and released == [1]
+    tries.clear()
+    assert probe_home.run_with_home(run, False, lambda: released.append(2)) == ("host result", False)
+    assert tries == [False] and released == [1]
+
+
+def test_other_errors_are_not_retried() -> None:
+    def run(on_device: bool) -> None:
+        raise ValueError("a forward's own error")
+
+    with pytest.raises(ValueError, match="own error"):
+        probe_home.run_with_home(run, True, lambda: None)
+
+
+def _records(tiny, prompts, monkeypatch, resident: bool) -> tuple[list[tuple], list[bool]]:
+    homes: list[bool] = []
+    real = threeway.run_with_home
+
+    def spy(run, on_device, release):
+        out = real(run, on_device, release)
+        homes.append(out[1])
+        return out
+
+    monkeypatch.setattr(threeway, "run_with_home", spy)
+    if not resident:
+        monkeypatch.setattr(threeway, "fits_on_device", lambda *_: False)
+    with installed(CLEAN_KERNEL) as name:
+        spec = RunSpec(source=tiny, prompts=prompts, backend=name, device="cuda", columns=("floor", "bug_budget"))
+        result = run_threeway(spec).raise_errors()
+    keys = sorted((r["pair"], r["compare_mode"], r["prompt_id"], r["probe"], r["metric"], str(r.get("position")),
+                   r["value"]) for r in result.records if r["compare_mode"] != "audit" or r["metric"] != "seconds")
+    return keys, homes
+
+
+@pytest.mark.gpu
+def test_device_resident_probes_give_the_host_records(tiny, chat_prompts, monkeypatch) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU; none is present on this machine")
+    on_dev, homes_dev = _records(tiny, chat_prompts, monkeypatch, resident=True)
+    monkeypatch.undo()
+    on_host, homes_host = _records(tiny, chat_prompts, monkeypatch, resident=False)
+    assert homes_dev and all(homes_dev), "the tiny model's probes should have stayed on the GPU"
+    assert homes_host and not any(homes_host)
+    assert len(on_dev) > 500 and on_dev == on_host
