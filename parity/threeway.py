@@ -229,16 +229,15 @@ class _Runner:
             ids = p.tensor()
             if auditor is not None:
                 auditor.prompt_id = p.id
-            release = lambda: free_memory(spec.device)  # noqa: E731
             # the test side's probes stay on the GPU when they fit (compared there, then dropped)
             home = fits_on_device(probe_bytes(anchor.probes), spec.device)
-            out, home = run_with_home(lambda d: run_propagated(model, ids, spec.device, probes_on_device=d), home,
-                                      release)
+            out, home = self._forward(lambda d: run_propagated(model, ids, spec.device, probes_on_device=d), home,
+                                      auditor)
             self.forwards.append(ForwardTime(name, label, p.id, "propagated", out.seconds["forward"], p.n_tokens))
             tests = {"propagated": out.probes}
             if "isolated" in spec.modes:
-                (iso, secs), _ = run_with_home(
-                    lambda d: run_isolated(model, ids, anchor, L, spec.device, probes_on_device=d), home, release)
+                (iso, secs), _ = self._forward(
+                    lambda d: run_isolated(model, ids, anchor, L, spec.device, probes_on_device=d), home, auditor)
                 self.forwards.append(ForwardTime(name, label, p.id, "isolated", secs, p.n_tokens))
                 tests["isolated"] = iso
             t_cmp = _now()
@@ -265,6 +264,18 @@ class _Runner:
         model = None
         free_memory(self.spec.device)
         return result, kept
+
+    def _forward(self, run: Callable[[bool], Any], on_device: bool, auditor: Any) -> tuple[Any, bool]:
+        """``run(on_device)`` through ``probe_home.run_with_home``: a forward run again with its probes on
+        the host forgets the calls its abandoned attempt audited."""
+        snap = auditor.snapshot() if auditor is not None else None
+
+        def release() -> None:
+            if auditor is not None:
+                auditor.restore(snap)
+            free_memory(self.spec.device)
+
+        return run_with_home(run, on_device, release)
 
     def _audit_begin(self, model: Any, ctx: RunContext, pair: str, result: ColumnResult) -> Any:
         """Weight audit first (what the kernel reads for every NVFP4 weight), then a tap that audits

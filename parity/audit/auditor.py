@@ -150,6 +150,18 @@ class CallAuditor:
             self.kept.append(KeptCall(v, KernelCall(call.module, call.component, call.op, _to_host(call.request),
                                                     _to_host(call.output), call.backend)))
 
+    def snapshot(self) -> tuple:
+        """What :meth:`restore` needs to forget the calls audited after this point (a forward that is
+        abandoned and run again, ``parity.probe_home.run_with_home``, must not count its calls twice)."""
+        return ({k: _Tally(t.calls, t.violations, t.worst_ratio) for k, t in self.tallies.items()},
+                Counter(self.call_counts), len(self.violations), len(self.kept), len(self.errors), self.captured)
+
+    def restore(self, snap: tuple) -> None:
+        tallies, counts, n_viol, n_kept, n_err, captured = snap
+        self.tallies, self.call_counts = tallies, counts
+        del self.violations[n_viol:], self.kept[n_kept:], self.errors[n_err:]
+        self.captured = captured
+
     def attach(self, model: Any) -> None:
         """Tap every dispatcher of ``model`` until :meth:`detach`."""
         self._removers = [d.add_tap(self) for d in getattr(model, "dispatchers", {}).values()]

@@ -72,3 +72,23 @@ def test_device_resident_probes_give_the_host_records(tiny, chat_prompts, monkey
     assert homes_dev and all(homes_dev), "the tiny model's probes should have stayed on the GPU"
     assert homes_host and not any(homes_host)
     assert len(on_dev) > 500 and on_dev == on_host
+
+
+def test_a_forward_run_again_does_not_count_its_calls_twice(tiny) -> None:
+    from dsv4.model import load_model
+    from parity.audit import CallAuditor
+
+    ids = torch.arange(1, 17) % tiny.config.vocab_size
+    with installed(CLEAN_KERNEL) as name:
+        model = load_model(str(tiny.path), plan="default", backend=name)
+        auditor = CallAuditor()
+        with auditor.attached(model):
+            model(ids)
+            once = (auditor.calls, dict(auditor.call_counts), auditor.summary())
+            snap = auditor.snapshot()
+            model(ids)                       # the abandoned attempt
+            assert auditor.calls == 2 * once[0]
+            auditor.restore(snap)
+            assert (auditor.calls, dict(auditor.call_counts), auditor.summary()) == once
+            model(ids)                       # the retry counts from where the snapshot was taken
+            assert auditor.calls == 2 * once[0]
