@@ -94,9 +94,10 @@ run_part() {
     step bench_decode_graphs 300 python3 benchmarks/bench_decode_graphs.py --configs tiny,medium --steps 32 \
         --device cuda --backend cutedsl_sm90 --json "$RES/bench_decode_graphs.json"
     if [ -n "${OUT:-}" ]; then cp "$RES/bench_decode_graphs.json" "$OUT/" 2>/dev/null; fi ;;
-  realwidth-8k)   # issue #43's 8k prefill with the full harness, alone in one call (3 Flash layers: window, CSA, HCA)
+  realwidth-8k)   # issue #43's 8k prefill with the full harness, alone in one call (3 Flash layers: window, CSA, HCA;
+    # 190 s on an H100 with cutedsl_sm90 alone, whose harness ratio then had no plain emulated forward to divide by)
     step real_width_flash_8k 590 python3 benchmarks/bench_real_width.py --model flash --layers 3 --prefill 8192 \
-        --backends cutedsl_sm90 --decode-cache 32768 --decode-steps 2 --budget-s "${DSV4_RW_BUDGET:-540}" \
+        --backends cutedsl_sm90,emulated --decode-cache 32768 --decode-steps 2 --budget-s "${DSV4_RW_BUDGET:-540}" \
         --workdir /tmp/dsv4-rw --out "$RES/real_width_flash_8k.json"
     if [ -n "${OUT:-}" ]; then cp "$RES/real_width_flash_8k.json" "$OUT/" 2>/dev/null; fi ;;
   flatness)   # the streaming reference's peak after 2 against 8 real-width Flash layers (issue #43's flatness

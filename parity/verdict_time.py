@@ -93,6 +93,16 @@ def fmt_seconds(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
 
 
+def complete(table: dict[str, Any]) -> bool:
+    """Whether an estimate can use the table whole: prefills of the streaming reference, ``emulated`` and
+    a kernel backend, and a measured harness overhead. Partial runs (the reference alone for its memory
+    flatness, a long prefill without the harness) are kept beside it but never picked over it."""
+    pre = {(r.get("side"), r.get("backend")) for r in table.get("runs", []) if r.get("phase") == "prefill"}
+    kernel = any(side == "native" and b != "emulated" for side, b in pre)
+    harness = any(h.get("overhead_ratio") is not None for h in table.get("harness", []))
+    return ("native", "emulated") in pre and kernel and any(side == "reference" for side, _ in pre) and harness
+
+
 def pick_table(tables: Sequence[dict[str, Any]], card: str,
                model: str | None = None) -> tuple[dict[str, Any] | None, list[str]]:
     """The table measured on ``card`` (of ``model``, the config's name, where one is: its own layer
@@ -108,11 +118,11 @@ def pick_table(tables: Sequence[dict[str, Any]], card: str,
 
     same = own([t for t in tables if t["machine"]["card"] == card])
     if same:
-        return max(same, key=recency), []
+        return max(same, key=lambda t: (complete(t), *recency(t))), []
     fam = card_family(card)
     gpu = fam != "cpu"
     ranked = sorted(tables, key=lambda t: ((card_family(t["machine"]["card"]) != "cpu") == gpu,
-                                           card_family(t["machine"]["card"]) == fam,
+                                           card_family(t["machine"]["card"]) == fam, complete(t),
                                            model is not None and t.get("model") == model, *recency(t)))
     if not ranked:
         return None, []

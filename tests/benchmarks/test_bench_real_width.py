@@ -206,6 +206,27 @@ def test_pick_table_prefers_the_models_own_table() -> None:
     assert pick_table(dated, "NVIDIA B200", "pro")[0] is dated[1] and pick_table(dated, card, "pro")[0] is dated[1]
 
 
+def test_pick_table_prefers_a_complete_table_to_a_more_recent_partial_one() -> None:
+    """A later run of the reference alone (memory flatness) or of a long prefill without the harness
+    cannot give an estimate: the complete table is picked, on its card and on another."""
+    from parity.verdict_time import complete, pick_table
+
+    card = "NVIDIA H100 80GB HBM3"
+
+    def run(side: str, backend: str) -> dict:
+        return {"side": side, "backend": backend, "phase": "prefill", "tokens": 1024}
+
+    whole = {"model": "flash", "machine": {"card": card}, "_file": "a.json", "date": "2026-12-01T00:00:00Z",
+             "runs": [run("reference", "reference(streaming)"), run("native", "emulated"),
+                      run("native", "cutedsl_sm90")], "harness": [{"overhead_ratio": 1.0}]}
+    ref_only = {**whole, "_file": "b.json", "date": "2026-12-07T00:00:00Z", "runs": whole["runs"][:1], "harness": []}
+    no_harness = {**whole, "_file": "c.json", "date": "2026-12-07T01:00:00Z", "harness": [{"overhead_ratio": None}]}
+    assert complete(whole) and not complete(ref_only) and not complete(no_harness)
+    for order in ([whole, ref_only, no_harness], [no_harness, ref_only, whole]):
+        assert pick_table(order, card, "flash")[0] is whole
+        assert pick_table(order, "NVIDIA H200", "flash")[0] is whole
+
+
 def test_table_shows_the_probe_capture_cost(tiny_run, tmp_path) -> None:
     d = json.loads(json.dumps(tiny_run))
     d["probe_capture"].append({"backend": "cutedsl_sm90", "tokens": 1024, "probes": 40, "host_bytes": 3 * 2 ** 30,
