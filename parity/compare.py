@@ -87,11 +87,10 @@ def _float_records(w: Where, name: str, a: torch.Tensor, b: torch.Tensor, s: Com
 SELECTION_SUFFIXES = ("ffn.router.topk_ids", "attn.indexer.topk")
 
 
-def _beside(b: Any, a: Any) -> Any:
-    """``b`` on ``a``'s device (a test probe left on the GPU, ``parity.probe_home``, against a host anchor)."""
-    if isinstance(b, torch.Tensor) and isinstance(a, torch.Tensor) and b.device != a.device:
-        return b.to(a.device)
-    return b
+def _host(t: Any) -> Any:
+    """A probe on the host: selections are judged there (small integer tensors and their scores; the
+    probes of either side may be left on the GPU, ``parity.probe_home``)."""
+    return t.to("cpu") if isinstance(t, torch.Tensor) and t.device.type != "cpu" else t
 
 
 def compare_probes(anchor: Mapping[str, torch.Tensor], test: Mapping[str, torch.Tensor], *, where: Where,
@@ -123,7 +122,7 @@ def compare_probes(anchor: Mapping[str, torch.Tensor], test: Mapping[str, torch.
         layer, suffix = parse_probe(name)
         b = test[name]
         if suffix in ENTRY_SUFFIXES or suffix in SELECTION_SUFFIXES:
-            b = _beside(b, a)   # selections are judged where the anchor lives (small integer tensors)
+            a, b = _host(a), _host(b)
         if suffix not in ENTRY_SUFFIXES and getattr(a, "shape", None) != getattr(b, "shape", None):
             # a judgement, not a crash: the probe fails the exact rule shape_mismatch == 0 (both shapes logged)
             log.warning("probe %s (%s, %s, prompt %s): shapes differ: anchor %s, test %s", name, where.pair,
@@ -140,20 +139,19 @@ def compare_probes(anchor: Mapping[str, torch.Tensor], test: Mapping[str, torch.
             assert layer is not None
             hash_layer = config.is_hash_layer(layer)
             bias = None if hash_layer or router_bias is None else router_bias(layer)
-            a_logits = anchor.get(layer_probe(layer, "ffn.router.logits"))
+            a_logits = _host(anchor.get(layer_probe(layer, "ffn.router.logits")))
             if isolated and not hash_layer and a_logits is not None and a.shape == b.shape:
                 tie_rows[layer] |= router_tie_flips(a, b, a_logits, bias, settings.router_tie).numpy()
             sel = router_agreement(
-                a, b, a_logits=anchor.get(layer_probe(layer, "ffn.router.logits")),
-                a_weights=anchor.get(layer_probe(layer, "ffn.router.weights")),
-                b_weights=_beside(test.get(layer_probe(layer, "ffn.router.weights")), a), bias=bias,
+                a, b, a_logits=a_logits, a_weights=_host(anchor.get(layer_probe(layer, "ffn.router.weights"))),
+                b_weights=_host(test.get(layer_probe(layer, "ffn.router.weights"))), bias=bias,
                 hash_layer=hash_layer,
                 tie_margin=settings.router_tie)
             records += [where.rec(name, m, v) for m, v in sel.items()]
             continue
         if suffix == "attn.indexer.topk":
             assert layer is not None
-            a_scores = anchor.get(layer_probe(layer, "attn.indexer.scores"))
+            a_scores = _host(anchor.get(layer_probe(layer, "attn.indexer.scores")))
             sel = indexer_agreement(a, b, a_scores=a_scores, tie_margin=settings.indexer_tie)
             if isolated and a_scores is not None and a.shape == b.shape:
                 tie_rows[layer] |= indexer_tie_flips(a, b, a_scores, settings.indexer_tie).numpy()

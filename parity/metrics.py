@@ -241,12 +241,17 @@ def metric_device(device: torch.device | str | None) -> torch.device:
     return d if d.type == "cuda" and torch.cuda.is_available() else torch.device("cpu")
 
 
-def _fits(numel: int, work: torch.dtype, dev: torch.device) -> bool:
-    """Whether one comparison's temporaries fit in half the GPU's free memory: x, y, their difference and
-    a product buffer in ``work``, and the float64 pair with masks of the non-finite path. A long prompt's
-    real-vocabulary logits (32k tokens x 129,280 in FP32: 17 GB each) are compared on the host instead."""
-    need = numel * (4 * work.itemsize + 2 * 8 + 3)
-    return need < 0.5 * torch.cuda.mem_get_info(dev)[0]
+BYTES_PER_ELEMENT = {torch.float32: 4 * 4 + 2 * 8 + 3, torch.float64: 4 * 8 + 2 * 8 + 3}
+
+
+def rows_that_fit(rows: int, cols: int, work: torch.dtype, dev: torch.device) -> int:
+    """How many rows of one comparison fit in half the GPU's free memory at once (0: not one): x, y,
+    their difference and a product buffer in ``work``, and the float64 pair with masks of the
+    non-finite path. A long prompt's real-vocabulary logits (8k tokens x 129,280 in FP32: 37 GB of
+    temporaries) are compared in row blocks; before, they went to the host whole, and at 8,192 tokens
+    the comparisons took 44 s of a 76 s Flash harness on an H100 (``real_width_flash_8k_h100_s6.json``)."""
+    per_row = max(cols, 1) * BYTES_PER_ELEMENT[work]
+    return min(rows, int(0.5 * torch.cuda.mem_get_info(dev)[0]) // per_row)
 
 
 def _on(t: torch.Tensor, dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -255,6 +260,28 @@ def _on(t: torch.Tensor, dev: torch.device, dtype: torch.dtype) -> torch.Tensor:
     if dev.type == "cpu" or t.device == dev:
         return t.to(dev, dtype)
     return t.to(dev, non_blocking=t.is_pinned()).to(dtype)
+
+
+def block_plan(rows: int, cols: int, work: torch.dtype, dev: torch.device) -> tuple[torch.device, int]:
+    """(where, rows per block): all rows at once on the CPU; on a GPU as many as fit, or the CPU when
+    not one row does."""
+    if dev.type != "cuda":
+        return dev, max(rows, 1)
+    fit = rows_that_fit(rows, cols, work, dev)
+    return (dev, max(fit, 1)) if fit >= 1 else (torch.device("cpu"), max(rows, 1))
+
+
+def _block_sums(xa: torch.Tensor, xb: torch.Tensor, dev: torch.device,
+                work: torch.dtype) -> tuple[np.ndarray, int, float]:
+    """One block of rows: (float64 row sums [4, rows], non-finite mismatches, max |x - y|)."""
+    x, y = _on(xa, dev, work), _on(xb, dev, work)
+    sums, d = _row_sums(x, y)
+    mismatch = 0
+    if not np.isfinite(sums).all():
+        xm, ym, mismatch = _as_pair(x, y, dev)
+        sums, d = _row_sums(xm, ym)
+    lo, hi = torch.aminmax(d) if d.numel() else (torch.zeros(()), torch.zeros(()))
+    return sums, mismatch, max(abs(float(lo)), abs(float(hi)))
 
 
 def compare_tensors(a: torch.Tensor, b: torch.Tensor, device: torch.device | str | None = None) -> TensorComparison:
@@ -271,24 +298,22 @@ def compare_tensors(a: torch.Tensor, b: torch.Tensor, device: torch.device | str
     # FP32 probes (the logic column computes in FP32 on both sides, ~1e-13 apart) get float64 sums: a
     # float32 dot product would put cosine's own noise (~1e-7) above the differences it must resolve.
     work = torch.float64 if torch.float32 in (a.dtype, b.dtype) else torch.float32
-    dev = metric_device(device)
-    if dev.type == "cuda" and not _fits(a.numel(), work, dev):
-        dev = torch.device("cpu")
-    x = _rows(_on(a, dev, work))
-    y = _rows(_on(b, dev, work))
-    sums, d = _row_sums(x, y)
-    mismatch = 0
-    if not np.isfinite(sums).all():
-        xm, ym, mismatch = _as_pair(x, y, dev)
-        sums, d = _row_sums(xm, ym)
+    xa, xb = _rows(a.detach()), _rows(b.detach())
+    n = int(xa.shape[0])
+    dev, step = block_plan(n, int(xa.shape[1]), work, metric_device(device))
+    # one block whenever it fits (the same arithmetic as one pass); row blocks otherwise: every
+    # metric is a sum of per-row sums, so blocks change nothing but their memory
+    parts = [_block_sums(xa[i:i + step], xb[i:i + step], dev, work) for i in range(0, max(n, 1), step)]
+    sums = parts[0][0] if len(parts) == 1 else np.concatenate([p[0] for p in parts], axis=1)
+    mismatch = sum(p[1] for p in parts)
+    max_abs = max(p[2] for p in parts)
     dot, na2, nb2, dd = (float(v) for v in sums.sum(1))
     tok_cos, tok_rd = _token_curves(sums)
-    lo, hi = torch.aminmax(d) if d.numel() else (torch.zeros(()), torch.zeros(()))
     return TensorComparison(
         cosine=_scalar_cosine(dot, na2, nb2),
         rel_diff=dd / (na2 + nb2) if na2 + nb2 > 0 else 0.0,
         rel_l2=_safe_ratio(math.sqrt(dd), math.sqrt(na2)),
-        max_abs=max(abs(float(lo)), abs(float(hi))),
+        max_abs=max_abs,
         snr_db=_snr(na2, dd),
         nonfinite_mismatch=mismatch,
         per_token_cosine=tok_cos,

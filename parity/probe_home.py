@@ -8,6 +8,11 @@ width (2 layers, 1,024 tokens, 38 probes, 1.6 GB) capturing them to the host cos
 ``cutedsl_sm90`` prefill 0.14 -> 0.55 s and an ``emulated`` one 1.02 -> 1.86 s
 (``benchmarks/results/real_width_pro_h100_s3.json``, ``probe_capture``).
 
+The emulated floor's outputs, which anchor the bug-budget column next, stay on the device too while
+they fit beside the model that made them (the kernel backend's model, built next, needs about as
+much); if it does not fit beside them after all, they move to the host and it is built again
+(``threeway._Runner._load_native``). Then both sides of that column are compared on the device.
+
 ``fits_on_device(nbytes, device)``: twice the probes' bytes (the probes, then the comparison's own
 temporaries) plus ``RESERVE`` within the device's free memory, read after the model is built. The
 forward's own activations are not known here; a forward that runs out of memory anyway is retried with
@@ -45,6 +50,10 @@ def run_with_home(run: Callable[[bool], T], on_device: bool, release: Callable[[
     except torch.cuda.OutOfMemoryError:
         release()
         return run(False), False
+
+
+def is_on_device(probes: Mapping[str, Any]) -> bool:
+    return any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in probes.values())
 
 
 def to_host(probes: dict[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from .env import code_version, device_name, versions
 from .errors import ParityInputError
 from .inputs import EncodedPrompt
 from .logits_stats import FIRST_PREFIX, PositionStats, summarize
-from .probe_home import fits_on_device, probe_bytes, run_with_home, to_host
+from .probe_home import fits_on_device, is_on_device, probe_bytes, run_with_home, to_host
 from .records import ALL_PROMPTS, COMPARE_MODES, RunContext, new_run_id
 from .refcache import ReferenceCache, cache_key, dtype_name
 from .rules import RuleSet
@@ -209,8 +209,7 @@ class _Runner:
         label = f"native:{plan.name}/{backend}"
         self.progress(f"load {label}", 0, 1)
         t0 = _now()
-        model = self.loaders.native(str(spec.source.path), plan=plan, backend=backend, device=spec.device,
-                                    device_map=spec.device_map)
+        model = self._load_native(plan, backend, anchors)
         result = ColumnResult(name, anchor_label, label, True, load_seconds=_now() - t0,
                               test_describe=dict(getattr(model, "describe", dict)()))
         self.progress(f"load {label}", 1, 1)
@@ -250,10 +249,12 @@ class _Runner:
                 if st is not None:
                     stats[mode].append((n, st))
             _add(result.phase_seconds, "compare", _now() - t_cmp)
-            result.last_logits[p.id] = (anchor.logits[-1].float(), out.logits[-1].float().cpu())
+            result.last_logits[p.id] = (anchor.logits[-1].float().cpu(), out.logits[-1].float().cpu())
             del tests
-            if keep_outputs:   # a later column's anchor: on the host, as every anchor
-                kept.append(SideOutput(to_host(out.probes), out.streams, out.seconds))
+            if keep_outputs:   # a later column's anchor: left on the GPU while the kept ones fit there
+                if home and not fits_on_device(sum(probe_bytes(k.probes) for k in (*kept, out)), spec.device):
+                    out = SideOutput(to_host(out.probes), out.streams, out.seconds)
+                kept.append(out)
         self.progress(f"{name}: {label} forward", len(spec.prompts), len(spec.prompts))
         result.position_stats = stats
         self.records += aggregate_records(spec, ctx, name, {m: [st for _, st in v] for m, v in stats.items()})
@@ -264,6 +265,25 @@ class _Runner:
         model = None
         free_memory(self.spec.device)
         return result, kept
+
+    def _load_native(self, plan: PrecisionPlan, backend: str, anchors: Sequence[SideOutput]) -> Any:
+        """The native model; if it does not fit beside anchors left on the GPU, they move to the host
+        and it is built again."""
+        spec = self.spec
+
+        def load() -> Any:
+            return self.loaders.native(str(spec.source.path), plan=plan, backend=backend, device=spec.device,
+                                       device_map=spec.device_map)
+
+        if not any(is_on_device(a.probes) for a in anchors):
+            return load()
+        try:
+            return load()
+        except torch.cuda.OutOfMemoryError:
+            for a in anchors:
+                a.probes = to_host(a.probes)
+            free_memory(spec.device)
+            return load()
 
     def _forward(self, run: Callable[[bool], Any], on_device: bool, auditor: Any) -> tuple[Any, bool]:
         """``run(on_device)`` through ``probe_home.run_with_home``: a forward run again with its probes on

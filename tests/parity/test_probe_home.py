@@ -92,3 +92,41 @@ def test_a_forward_run_again_does_not_count_its_calls_twice(tiny) -> None:
             assert (auditor.calls, dict(auditor.call_counts), auditor.summary()) == once
             model(ids)                       # the retry counts from where the snapshot was taken
             assert auditor.calls == 2 * once[0]
+
+
+class _OomOnce:
+    """Loaders whose first native build runs out of device memory."""
+
+    def __init__(self) -> None:
+        self.builds = 0
+
+    def native(self, path: str, **kw) -> str:
+        self.builds += 1
+        if self.builds == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return "model"
+
+
+def test_a_model_that_does_not_fit_beside_device_anchors_moves_them_to_the_host(tiny, monkeypatch) -> None:
+    from dsv4.plan import PrecisionPlan
+    from parity.runner import SideOutput
+
+    anchors = [SideOutput({"x": torch.zeros(2)}, torch.zeros(1))]
+    loaders = _OomOnce()
+    runner = threeway._Runner(RunSpec(source=tiny, prompts=[]), loaders, None)
+    monkeypatch.setattr(threeway, "is_on_device", lambda probes: True)
+    monkeypatch.setattr(threeway, "to_host", lambda probes: {"moved": True})
+    assert runner._load_native(PrecisionPlan.preset("default"), "emulated", anchors) == "model"
+    assert loaders.builds == 2 and anchors[0].probes == {"moved": True}
+
+
+def test_without_device_anchors_running_out_of_memory_is_not_retried(tiny) -> None:
+    from dsv4.plan import PrecisionPlan
+    from parity.runner import SideOutput
+
+    loaders = _OomOnce()
+    runner = threeway._Runner(RunSpec(source=tiny, prompts=[]), loaders, None)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        runner._load_native(PrecisionPlan.preset("default"), "emulated", [SideOutput({"x": torch.zeros(2)},
+                                                                                    torch.zeros(1))])
+    assert loaders.builds == 1
