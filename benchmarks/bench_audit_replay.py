@@ -9,7 +9,8 @@ all of them. Times (minimum over ``--repeat``):
 
 * the decode of one expert's weights: ``nvfp4_dequantize`` (one gather from a byte -> value-pair
   table) against the nibble-by-nibble form it replaced (codes, 64-bit indices, values, then scales);
-* ``audit_grouped`` on a kernel's output, with each decode form (the other parts are the same code).
+* ``audit_grouped`` on a kernel's output, with each decode form (the other parts are the same code);
+* the unscaled value gather alone by three equivalent forms (checked bit-identical), for the next step.
 Needs a CUDA GPU and the sm_90a kernels (the call to judge comes from ``cutedsl_sm90``).
 """
 from __future__ import annotations
@@ -84,6 +85,21 @@ def main() -> int:
     t_nib = best(lambda: nibble_decode(one_p, one_s, 1.0))
     assert torch.equal(nvfp4_dequantize(one_p, one_s, 1.0), nibble_decode(one_p, one_s, 1.0))
 
+    # the same values by other gathers, for the next change of the decode (each checked bit-identical)
+    from dsv4.numerics.nvfp4 import _pair_table, decode_packed_pairs
+
+    table = _pair_table().to("cuda")
+    lut64 = table.contiguous().view(torch.int64).reshape(256)
+    variants = {
+        "index_select_pairs": lambda: decode_packed_pairs(one_p),
+        "int64_pair_gather": lambda: lut64[one_p.to(torch.int32)].view(torch.float32),
+        "embedding_pairs": lambda: torch.nn.functional.embedding(one_p.to(torch.int32), table).reshape(n, k),
+    }
+    want = decode_packed_pairs(one_p).view(torch.int32)
+    variant_s = {}
+    for name, fn in variants.items():
+        assert torch.equal(fn().reshape(n, k).view(torch.int32), want), name
+        variant_s[name] = best(fn)
     checks = {}
     t_audit_pair = best(lambda: checks.__setitem__("pair", calls.audit_grouped(req, got)))
     saved = calls.nvfp4_dequantize, calls._Bank.take
@@ -107,6 +123,7 @@ def main() -> int:
         "decode_one_expert_s": {"pair_table": t_pair, "nibble": t_nib, "ratio_nibble_to_pair": t_nib / t_pair},
         "decode_one_expert_gb_per_s_written": {"pair_table": elements * 4 / t_pair / 1e9,
                                                "nibble": elements * 4 / t_nib / 1e9},
+        "unscaled_decode_variants_s": variant_s,
         "audit_grouped_s": {"pair_table": t_audit_pair, "nibble": t_audit_nib,
                             "ratio_nibble_to_pair": t_audit_nib / t_audit_pair},
         "judgements": same, "judgements_equal": len(set(same.values())) == 1,
