@@ -20,6 +20,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [1024] * 5
+DECODE_STEPS = 300
+FLOOR_CONFIGS = 16        # about what a steepest floor search visits over the model's precision classes
 COLUMNS = ("logic", "floor", "bug_budget")
 TARGETS = {"H100": "NVIDIA H100 80GB HBM3", "H200": "NVIDIA H200", "B200": "NVIDIA B200"}
 
@@ -120,6 +122,38 @@ def extrapolated(tables: list[dict]) -> list[str]:
             notes.append(f"{n}. {model}, {where}: " + "; ".join(e.assumptions)
                          + (f"; {len(prompts)} of {len(PROMPTS)} prompts per rank" if shares > 1 else ""))
             out.append(f"| {model} | {where} | {fmt_seconds(e.seconds)} | {e.table} ({e.table_card}) [{n}] |")
+    return out + ["", "Assumptions:", ""] + notes + [""] + extrapolated_runs(tables)
+
+
+def extrapolated_runs(tables: list[dict]) -> list[str]:
+    """A 300-token teacher-forced decode and a floor search, full Flash and Pro (parity.verdict_time_runs)."""
+    from dsv4.config import preset
+    from parity.verdict_time import fmt_seconds
+    from parity.verdict_time_runs import decode_estimate, floor_search_estimate
+
+    out = [f"## Extrapolated: a {DECODE_STEPS}-token teacher-forced decode (one {PROMPTS[0]}-token prompt) and a "
+           f"floor search of {FLOOR_CONFIGS} configurations ({len(PROMPTS)} prompts x {PROMPTS[0]} tokens)", "",
+           "| run | model | where | estimate | from |", "|---|---|---|---|---|"]
+    notes: list[str] = []
+    for model in ("flash", "pro"):
+        c = preset(model)
+        for where, card, ranks in (("1x H100 (streamed)", TARGETS["H100"], 1), ("1x H200 (streamed)", TARGETS["H200"], 1),
+                                   ("8x B200 (torchrun: configurations over 8 ranks)", TARGETS["B200"], 8)):
+            runs = [("floor search", floor_search_estimate(c, -(-FLOOR_CONFIGS // ranks), PROMPTS, card=card,
+                                                          tables=tables))]
+            if ranks == 1:
+                runs.insert(0, ("decode", decode_estimate(c, DECODE_STEPS, PROMPTS[0], card=card, tables=tables)))
+            for run, e in runs:
+                if e is None:
+                    out.append(f"| {run} | {model} | {where} | no table | - |")
+                    continue
+                n = len(notes) + 1
+                notes.append(f"{n}. {run}, {model}, {where}: " + "; ".join(e.assumptions)
+                             + (f"; {-(-FLOOR_CONFIGS // ranks)} of {FLOOR_CONFIGS} configurations per rank, the "
+                                f"reference cache shared" if ranks > 1 else ""))
+                parts = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in e.breakdown.items())
+                out.append(f"| {run} | {model} | {where} | {fmt_seconds(e.seconds)} ({parts}) | {e.table} "
+                           f"({e.table_card}) [{n}] |")
     return out + ["", "Assumptions:", ""] + notes + [""]
 
 

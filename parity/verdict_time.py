@@ -182,16 +182,10 @@ def harness_overhead(table: dict[str, Any], assumptions: list[str]) -> tuple[flo
     return ovr, None
 
 
-def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: str | None = None,
-             tables: Sequence[dict[str, Any]] | None = None) -> Estimate | None:
-    """The forwards a first-token run performs for prompts of ``tokens`` tokens, from a measured table."""
-    card = card or this_card()
-    tables = load_tables() if tables is None else tables
-    table, notes = pick_table(tables, card, getattr(config, "name", None))
-    if table is None:
-        return None
-    scale, assumptions = 1.0, list(notes)
-    tc = table["machine"]["card"]
+def table_scale(config: Any, table: dict[str, Any], card: str, assumptions: list[str]) -> float:
+    """The factor a table's per-layer times are multiplied by for ``config`` on ``card`` (bandwidth of
+    the two cards, parameters per layer of the two configs), each factor written to ``assumptions``."""
+    scale, tc = 1.0, table["machine"]["card"]
     if tc != card:
         bw_here, bw_there = BANDWIDTH_TBS.get(card_family(card)), BANDWIDTH_TBS.get(card_family(tc))
         if bw_here and bw_there:
@@ -205,6 +199,26 @@ def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: s
         scale *= p_here / p_there
         assumptions.append(f"layer time x {p_here / p_there:.3g} = parameters per layer {config.name} / "
                            f"{table['config']['name']}")
+    return scale
+
+
+def load_seconds_per_layer(table: dict[str, Any]) -> float | None:
+    """The slowest measured model load of the table, per layer (None when it measured none)."""
+    loads = [r["seconds"] for r in table["runs"] if r.get("phase") == "load"]
+    return max(loads) / table["config"]["num_hidden_layers"] if loads else None
+
+
+def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: str | None = None,
+             tables: Sequence[dict[str, Any]] | None = None) -> Estimate | None:
+    """The forwards a first-token run performs for prompts of ``tokens`` tokens, from a measured table."""
+    card = card or this_card()
+    tables = load_tables() if tables is None else tables
+    table, notes = pick_table(tables, card, getattr(config, "name", None))
+    if table is None:
+        return None
+    assumptions = list(notes)
+    tc = table["machine"]["card"]
+    scale = table_scale(config, table, card, assumptions)
     assumptions.append(f"prompt lengths {sorted(set(tokens))} linear in tokens from the measured "
                        f"{sorted({r['tokens'] for r in table['runs'] if r.get('phase') == 'prefill'})}")
     ref = side_seconds(table, "reference", "reference(streaming)", config, tokens)
@@ -232,11 +246,11 @@ def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: s
         b["weight_audit"] = audit * scale * k_ratio * config.num_hidden_layers
         assumptions.append(f"weight audit once per checkpoint: {audit:.3g} s a layer measured, x {k_ratio:.3g} = hidden "
                            f"size {config.hidden_size} / {table['config']['hidden_size']} (identity GEMMs: K x weights)")
-    loads = [r["seconds"] for r in table["runs"] if r.get("phase") == "load"]
-    if loads:
-        per_layer = max(loads) / table["config"]["num_hidden_layers"]
+    per_layer = load_seconds_per_layer(table)
+    if per_layer is not None:
         b["loads"] = per_layer * scale * config.num_hidden_layers * (len(b) + ("floor" in b))
     return Estimate(sum(b.values()), Path(table["_file"]).name, card, tc, assumptions, b)
 
 
-__all__ = ["BANDWIDTH_TBS", "Estimate", "estimate", "load_tables", "pick_table", "this_card"]
+__all__ = ["BANDWIDTH_TBS", "Estimate", "estimate", "load_seconds_per_layer", "load_tables", "pick_table",
+           "table_scale", "this_card"]

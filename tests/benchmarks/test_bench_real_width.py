@@ -182,6 +182,10 @@ def test_table_script_writes_measured_and_extrapolated_markdown(results, tmp_pat
     for row in ("| flash | 1x H100 (streamed) |", "| pro | 8x B200 (torchrun, prompts over 8 ranks) |"):
         assert row in text
     assert "no measured table for this machine (NVIDIA B200)" in text
+    # the decode and floor-search rows (parity.verdict_time_runs), each with its breakdown
+    for row in ("| decode | flash | 1x H100 (streamed) |", "| floor search | pro | 8x B200 (torchrun: configurations"):
+        assert row in text
+    assert "native_decode" in text and "configurations" in text and "300-token teacher-forced decode" in text
 
 
 def test_pick_table_prefers_the_models_own_table() -> None:
