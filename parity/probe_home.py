@@ -1,6 +1,6 @@
 """Where a test forward's probes live on a GPU run: on the device when they fit, else on the host.
 
-The anchor's probes are on the host (they outlive the model that made them). A test forward's probes
+The reference's probes, which anchor the first columns, are on the host. A test forward's probes
 are compared once against them and dropped, so on a GPU they can stay where they were made: no
 pinned host memory to allocate, no device-to-host copies competing with the forward, and the
 comparison (on the GPU already, ``metrics.metric_device``) reads them in place. At DeepSeek-V4 Pro
@@ -48,8 +48,9 @@ def run_with_home(run: Callable[[bool], T], on_device: bool, release: Callable[[
     try:
         return run(True), True
     except torch.cuda.OutOfMemoryError:
-        release()
-        return run(False), False
+        pass     # out of the except block first: its traceback holds the abandoned forward's tensors
+    release()
+    return run(False), False
 
 
 def is_on_device(probes: Mapping[str, Any]) -> bool:

@@ -235,10 +235,9 @@ class _Runner:
             self.forwards.append(ForwardTime(name, label, p.id, "propagated", out.seconds["forward"], p.n_tokens))
             tests = {"propagated": out.probes}
             if "isolated" in spec.modes:
-                (iso, secs), _ = self._forward(
+                (tests["isolated"], secs), _ = self._forward(
                     lambda d: run_isolated(model, ids, anchor, L, spec.device, probes_on_device=d), home, auditor)
                 self.forwards.append(ForwardTime(name, label, p.id, "isolated", secs, p.n_tokens))
-                tests["isolated"] = iso
             t_cmp = _now()
             for mode in spec.modes:
                 where = Where(ctx, name, mode, p.id, p.mode)
@@ -280,10 +279,11 @@ class _Runner:
         try:
             return load()
         except torch.cuda.OutOfMemoryError:
-            for a in anchors:
-                a.probes = to_host(a.probes)
-            free_memory(spec.device)
-            return load()
+            pass     # out of the except block first: its traceback holds the half-built model
+        for a in anchors:
+            a.probes = to_host(a.probes)
+        free_memory(spec.device)
+        return load()
 
     def _forward(self, run: Callable[[bool], Any], on_device: bool, auditor: Any) -> tuple[Any, bool]:
         """``run(on_device)`` through ``probe_home.run_with_home``: a forward run again with its probes on
