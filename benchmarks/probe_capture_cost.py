@@ -37,7 +37,9 @@ class PageableRecorder(ProbeRecorder):
 
 
 def host_bytes(values: dict[str, Any]) -> int:
-    return sum(v.numel() * v.element_size() for v in values.values() if isinstance(v, torch.Tensor))
+    from parity.probe_home import probe_bytes
+
+    return probe_bytes(values)
 
 
 def _timed(model: Any, ids: torch.Tensor, device: torch.device, rec: ProbeRecorder | None) -> float:

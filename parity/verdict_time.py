@@ -152,6 +152,12 @@ def at_tokens(points: dict[int, float], tokens: int) -> float:
     return max(points[lo] + slope * (tokens - lo), 0.0)
 
 
+def points_for_kind(kinds: dict[str, Any], kind: str) -> Any:
+    """The measured points of layer ``kind``; a kind the table lacks takes the same attention's, else any."""
+    same_attention = next((x for x in kinds if x.split("/")[0] == kind.split("/")[0]), "")
+    return kinds.get(kind) or kinds.get(same_attention) or next(iter(kinds.values()))
+
+
 def side_seconds(table: dict[str, Any], side: str, backend: str, config: Any, tokens: Sequence[int]) -> float | None:
     kinds = per_kind(table, side, backend)
     if not kinds:
@@ -159,8 +165,7 @@ def side_seconds(table: dict[str, Any], side: str, backend: str, config: Any, to
     total = 0.0
     for i in range(config.num_hidden_layers):
         k = kind_of(config, i)
-        pts = kinds.get(k) or kinds.get(next((x for x in kinds if x.split("/")[0] == k.split("/")[0]), ""), None) \
-            or next(iter(kinds.values()))          # a kind the table lacks: the same attention, else any layer
+        pts = points_for_kind(kinds, k)
         total += sum(at_tokens(pts, t) for t in tokens)
     return total
 
@@ -253,4 +258,4 @@ def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: s
 
 
 __all__ = ["BANDWIDTH_TBS", "Estimate", "estimate", "load_seconds_per_layer", "load_tables", "pick_table",
-           "table_scale", "this_card"]
+           "points_for_kind", "table_scale", "this_card"]

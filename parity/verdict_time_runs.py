@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .verdict_time import (Estimate, harness_overhead, kind_of, load_seconds_per_layer, load_tables, pick_table,
-                           side_seconds, table_scale, this_card)
+                           points_for_kind, side_seconds, table_scale, this_card)
 
 REFERENCE = ("reference", "reference(streaming)")
 
@@ -54,13 +54,7 @@ def at_cache(points: dict[int, float], cache: int) -> float:
 def step_seconds(points: dict[str, dict[int, float]], config: Any, cache: int) -> float:
     """One decode step through every layer of ``config`` (a kind the table lacks: the same attention, else
     any measured kind)."""
-    total = 0.0
-    for i in range(config.num_hidden_layers):
-        k = kind_of(config, i)
-        pts = points.get(k) or points.get(next((x for x in points if x.split("/")[0] == k.split("/")[0]), ""), None) \
-            or next(iter(points.values()))
-        total += at_cache(pts, cache)
-    return total
+    return sum(at_cache(points_for_kind(points, kind_of(config, i)), cache) for i in range(config.num_hidden_layers))
 
 
 def _kernel_backend(table: dict[str, Any]) -> str | None:
