@@ -9,7 +9,8 @@ Part 2, extrapolated (``parity.verdict_time``, each assumption printed under its
 verdict (logic + floor + bug-budget columns, 5 prompts of 1k tokens) on full Flash (43 layers) and
 Pro (61 layers), on the measured card streamed, on the other of H100 / H200, and on 8x B200 (the
 prompts split over 8 ranks by ``torchrun``: the per-rank time of one of 8 prompt shares, at B200's
-bandwidth, which assumes the prompts divide evenly and each rank streams its own copy of the layers).
+bandwidth, which assumes the prompts divide evenly and each rank streams its own copy of the layers;
+each rank loading at the measured machine's read rate, the aggregate the node must serve named).
 """
 from __future__ import annotations
 
@@ -114,7 +115,7 @@ def extrapolated(tables: list[dict]) -> list[str]:
         for where, card, shares in (("1x H100 (streamed)", TARGETS["H100"], 1), ("1x H200 (streamed)", TARGETS["H200"], 1),
                                     ("8x B200 (torchrun, prompts over 8 ranks)", TARGETS["B200"], 8)):
             prompts = PROMPTS[: max(1, -(-len(PROMPTS) // shares))]
-            e = estimate(c, prompts, COLUMNS, card=card, tables=tables)
+            e = estimate(c, prompts, COLUMNS, card=card, tables=tables, readers=shares)
             if e is None:
                 out.append(f"| {model} | {where} | no table | - |")
                 continue
@@ -140,7 +141,7 @@ def extrapolated_runs(tables: list[dict]) -> list[str]:
         for where, card, ranks in (("1x H100 (streamed)", TARGETS["H100"], 1), ("1x H200 (streamed)", TARGETS["H200"], 1),
                                    ("8x B200 (torchrun: configurations over 8 ranks)", TARGETS["B200"], 8)):
             runs = [("floor search", floor_search_estimate(c, -(-FLOOR_CONFIGS // ranks), PROMPTS, card=card,
-                                                          tables=tables))]
+                                                          tables=tables, readers=ranks))]
             if ranks == 1:
                 runs.insert(0, ("decode", decode_estimate(c, DECODE_STEPS, PROMPTS[0], card=card, tables=tables)))
             for run, e in runs:

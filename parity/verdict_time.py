@@ -13,6 +13,9 @@ device type first, then the most recent: the bench's date, else the file order) 
 * the harness (probes, isolated pass, metrics, per-call audit): x (1 + the overhead the table measured
   per prompt); the weight audit once per checkpoint, x the hidden-size ratio (identity GEMMs);
 * the logic column's FP32 forwards: 2x the BF16 ones (twice the bytes per activation).
+* loads (reading the checkpoint into the native model): the table's slowest load per layer x the
+  parameters ratio, never the bandwidth ratio (storage and the host link bound a load; the rate
+  measured is written out), x the ranks that load at once from one storage.
 """
 from __future__ import annotations
 
@@ -213,9 +216,37 @@ def load_seconds_per_layer(table: dict[str, Any]) -> float | None:
     return max(loads) / table["config"]["num_hidden_layers"] if loads else None
 
 
+def load_seconds(table: dict[str, Any], config: Any, loads: int, assumptions: list[str], *,
+                 readers: int = 1) -> float | None:
+    """``loads`` builds of ``config``'s native model from its checkpoint, at the table's slowest measured
+    load (None when it measured none). A load reads the checkpoint: storage and the host link bound it,
+    not the card's memory, so only the bytes scale (parameters per layer), never the bandwidth ratio of
+    :func:`table_scale`. With ``readers`` ranks loading at once, each is assumed to read at that rate,
+    and the aggregate rate the node's storage must then serve is written out (the check a user makes)."""
+    per_layer = load_seconds_per_layer(table)
+    if per_layer is None or loads < 1:
+        return None
+    slowest = max((r for r in table["runs"] if r.get("phase") == "load"), key=lambda r: r["seconds"])
+    read = slowest.get("disk_read_bytes")
+    gbs = read / slowest["seconds"] / 1e9 if read else None
+    rate = (f"{gbs:.2f} GB/s: {read / 1e9:.1f} GB read from its disk in {slowest['seconds']:.1f} s" if gbs
+            else f"{slowest['seconds']:.1f} s, bytes read not recorded")
+    p = layer_params(config) / layer_params(table["config"])
+    note = (f"{loads} native load{'s' * (loads > 1)} at the slowest measured on {table['machine']['card']}'s machine "
+            f"({rate}), x {p:.3g} parameters per layer; not scaled by memory bandwidth: storage and the host "
+            f"link decide, and another machine's may be much faster")
+    if readers > 1:
+        need = f"{readers * gbs:.1f} GB/s" if gbs else f"{readers} times that rate"
+        note += (f"; {readers} ranks load at once, each at that rate: the node's storage (or page cache) must serve "
+                 f"{need}, else the loads take longer")
+    assumptions.append(note)
+    return loads * per_layer * p * config.num_hidden_layers
+
+
 def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: str | None = None,
-             tables: Sequence[dict[str, Any]] | None = None) -> Estimate | None:
-    """The forwards a first-token run performs for prompts of ``tokens`` tokens, from a measured table."""
+             tables: Sequence[dict[str, Any]] | None = None, readers: int = 1) -> Estimate | None:
+    """The forwards a first-token run performs for prompts of ``tokens`` tokens, from a measured table
+    (``readers``: ranks of one launch loading their models at once, :func:`load_seconds`)."""
     card = card or this_card()
     tables = load_tables() if tables is None else tables
     table, notes = pick_table(tables, card, getattr(config, "name", None))
@@ -251,11 +282,13 @@ def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: s
         b["weight_audit"] = audit * scale * k_ratio * config.num_hidden_layers
         assumptions.append(f"weight audit once per checkpoint: {audit:.3g} s a layer measured, x {k_ratio:.3g} = hidden "
                            f"size {config.hidden_size} / {table['config']['hidden_size']} (identity GEMMs: K x weights)")
-    per_layer = load_seconds_per_layer(table)
-    if per_layer is not None:
-        b["loads"] = per_layer * scale * config.num_hidden_layers * (len(b) + ("floor" in b))
+    # a model build per column, the floor's two (the weight audit reads the kernel column's model: no build)
+    builds = sum(k in b for k in ("logic", "floor", "bug_budget")) + ("floor" in b)
+    loads = load_seconds(table, config, builds, assumptions, readers=readers)
+    if loads is not None:
+        b["loads"] = loads
     return Estimate(sum(b.values()), Path(table["_file"]).name, card, tc, assumptions, b)
 
 
-__all__ = ["BANDWIDTH_TBS", "Estimate", "estimate", "load_seconds_per_layer", "load_tables", "pick_table",
+__all__ = ["BANDWIDTH_TBS", "Estimate", "estimate", "load_seconds", "load_seconds_per_layer", "load_tables", "pick_table",
            "points_for_kind", "table_scale", "this_card"]

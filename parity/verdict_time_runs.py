@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from .verdict_time import (Estimate, harness_overhead, kind_of, load_seconds_per_layer, load_tables, pick_table,
+from .verdict_time import (Estimate, harness_overhead, kind_of, load_seconds, load_tables, pick_table,
                            points_for_kind, side_seconds, table_scale, this_card)
 
 REFERENCE = ("reference", "reference(streaming)")
@@ -96,16 +96,17 @@ def decode_estimate(config: Any, steps: int = 300, prompt_tokens: int = 1024, ca
     ref_prefill = side_seconds(table, *REFERENCE, config, [prompt_tokens])
     nat_prefill = side_seconds(table, "native", backend, config, [prompt_tokens]) if backend else None
     b["prefills"] = ((ref_prefill or 0.0) + (nat_prefill or 0.0)) * scale
-    per_layer = load_seconds_per_layer(table)
-    if per_layer is not None:
-        b["loads"] = per_layer * scale * config.num_hidden_layers     # the native model (the reference streams)
+    loads = load_seconds(table, config, 1, assumptions)     # the native model (the reference streams)
+    if loads is not None:
+        b["loads"] = loads
     return Estimate(sum(b.values()), Path(table.get("_file", "?")).name, card, table["machine"]["card"],
                     assumptions, b)
 
 
 def floor_search_estimate(config: Any, configurations: int, tokens: Sequence[int], card: str | None = None,
-                          tables: Sequence[dict[str, Any]] | None = None) -> Estimate | None:
-    """A floor search visiting ``configurations`` plans over prompts of ``tokens`` tokens."""
+                          tables: Sequence[dict[str, Any]] | None = None, readers: int = 1) -> Estimate | None:
+    """A floor search visiting ``configurations`` plans over prompts of ``tokens`` tokens (``readers``:
+    ranks loading at once from one storage, ``verdict_time.load_seconds``)."""
     if configurations < 1:
         raise ValueError(f"floor search: configurations expected >= 1, found {configurations}")
 
@@ -127,9 +128,9 @@ def floor_search_estimate(config: Any, configurations: int, tokens: Sequence[int
     assumptions.append(f"{configurations} configurations, each one emulated load and one propagated forward a "
                        f"prompt; the reference once, cached and shared")
     b = {"reference": ref * scale * (1 + ovr), "configurations": configurations * emu * scale * (1 + ovr)}
-    per_layer = load_seconds_per_layer(table)
-    if per_layer is not None:
-        b["loads"] = configurations * per_layer * scale * config.num_hidden_layers
+    loads = load_seconds(table, config, configurations, assumptions, readers=readers)
+    if loads is not None:
+        b["loads"] = loads
     return Estimate(sum(b.values()), Path(table.get("_file", "?")).name, card, table["machine"]["card"],
                     assumptions, b)
 

@@ -149,7 +149,9 @@ def test_estimate_names_its_table_and_every_scaling_assumption(results) -> None:
     text = " ".join(h100.assumptions)
     assert "no measured table for this machine (NVIDIA H100 80GB HBM3)" in text and "memory bandwidth" in text
     assert "parameters per layer flash" in text and "linear in tokens" in text
-    assert h100.seconds / h200.seconds == pytest.approx(4.8 / 3.35, rel=1e-9)   # only the bandwidth differs
+    # only the bandwidth differs, and it scales the forwards, not the loads (the checkpoint's read rate)
+    assert h100.breakdown["floor"] / h200.breakdown["floor"] == pytest.approx(4.8 / 3.35, rel=1e-9)
+    assert h100.breakdown["loads"] == pytest.approx(h200.breakdown["loads"], rel=1e-9)
 
 
 def test_dry_run_prints_the_time_to_verdict_beside_the_memory_plan(results, tmp_path) -> None:
@@ -271,3 +273,6 @@ def test_estimate_counts_the_weight_audit_once_where_the_table_measured_a_prompt
     assert "weight_audit" not in legacy.breakdown
     assert legacy.breakdown["floor"] == pytest.approx(one.breakdown["floor"] * 4.0 / 1.5)   # x (1+3) against x (1+0.5)
     assert any("per prompt x 1.50" in a for a in one.assumptions)
+    # the loads count model builds (floor 2, bug budget 1), not the weight audit, which reads a built model
+    assert one.breakdown["loads"] == pytest.approx(legacy.breakdown["loads"])
+    assert any("3 native loads" in a for a in one.assumptions)

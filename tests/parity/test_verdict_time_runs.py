@@ -67,10 +67,34 @@ def test_floor_search_estimate_terms_and_scaling() -> None:
     assert e.breakdown["configurations"] == pytest.approx(16 * 5 * L * 0.2 * 1.5)
     assert e.breakdown["loads"] == pytest.approx(16 * 30.0 / 3 * L)
     b200 = floor_search_estimate(c, 16, [1024] * 5, card="NVIDIA B200", tables=[flash_table()])
-    assert b200.seconds == pytest.approx(e.seconds * 3.35 / 8.0)
+    # the forwards scale with memory bandwidth; the loads read the checkpoint, so they do not
+    assert b200.breakdown["configurations"] == pytest.approx(e.breakdown["configurations"] * 3.35 / 8.0)
+    assert b200.breakdown["loads"] == pytest.approx(e.breakdown["loads"])
     assert any("memory bandwidth" in a for a in b200.assumptions)
+    assert any("not scaled by memory bandwidth" in a for a in b200.assumptions)
+    # eight ranks loading at once: each at the measured rate, and the aggregate the node must serve is named
+    t = flash_table()
+    t["runs"][-1]["disk_read_bytes"] = 12e9                  # 0.40 GB/s
+    shared = floor_search_estimate(c, 2, [1024] * 5, card="NVIDIA B200", tables=[t], readers=8)
+    assert shared.breakdown["loads"] == pytest.approx(2 * 30.0 / 3 * L)
+    assert any("8 ranks load at once" in a and "must serve 3.2 GB/s" in a for a in shared.assumptions)
     with pytest.raises(ValueError, match="configurations"):
         floor_search_estimate(c, 0, [1024], card=CARD, tables=[flash_table()])
+
+
+def test_load_rate_is_named_and_scales_with_parameters_only() -> None:
+    from parity.verdict_time import load_seconds
+
+    t = flash_table()
+    t["runs"][-1]["disk_read_bytes"] = 12e9                  # 12 GB in the 30 s load: 0.40 GB/s
+    notes: list[str] = []
+    pro = preset("pro")
+    from parity.verdict_time import layer_params
+
+    got = load_seconds(t, pro, 3, notes)
+    assert got == pytest.approx(3 * 30.0 / 3 * pro.num_hidden_layers * layer_params(pro) / layer_params(t["config"]))
+    assert "0.40 GB/s" in notes[0] and "3 native loads" in notes[0]
+    assert load_seconds(flash_table(runs=[]), pro, 1, []) is None
 
 
 def test_tables_without_what_a_run_needs_give_no_estimate() -> None:
