@@ -243,8 +243,10 @@ def test_prepare_grouped_per_expert_batches_alphas_and_schedule():
     alphas = (a.global_scale * b.global_scale).to(torch.float32)
     args = Sm100Backend("cpu").prepare_grouped(GroupedGemmRequest(a, b, offsets, alphas))
     assert (args.nb, args.lb, args.cfg.grouped, args.cfg.swiglu) == (n, e, True, False)
-    assert args.sched.tolist() == [[1, 0, 0, 25], [2, 0, 25, 40]]
-    assert args.num_work == 2 and torch.equal(args.alpha, alphas)
+    # built on the device, its length fixed by M and E (ceil(40/128) + min(3, 40) - 1 = 3): the real rows,
+    # then a row that stores nothing
+    assert args.sched.tolist() == [[1, 0, 0, 25], [2, 0, 25, 40], [0, 0, 0, 0]]
+    assert args.num_work == 3 and torch.equal(args.alpha, alphas)
     sw = Sm100Backend("cpu").prepare_grouped(GroupedGemmRequest(a, b, offsets, alphas, swiglu_limit=7.0))
     assert (sw.nb, sw.lb, sw.swiglu_limit, sw.cfg.swiglu) == (n // 2, 2 * e, 7.0, True)
 

@@ -15,7 +15,8 @@ import torch
 from ...contract import (ActQuantRequest, FP4Operand, GemmRequest, GroupedGemmRequest,
                          KernelContractError)
 from ..common import KernelCache, check_cuda, expect
-from .layout import (TILE_M, KernelConfig, choose_config, grouped_schedule, launch_problems, swizzled_scales,
+from .device_schedule import device_grouped_schedule
+from .layout import (TILE_M, KernelConfig, choose_config, launch_problems, swizzled_scales,
                      weight_scale_view)
 
 ARCH_MAJOR = 10  # tcgen05 block-scaled MMAs: sm_100a / sm_103a
@@ -127,9 +128,10 @@ class Sm100Backend:
         sfa = swizzled_scales(a.scales, a.scale_layout, a.rows, a.k)
         sfb, nb, lb = weight_scale_view(b, e, swiglu)
         _check_launchable(a.rows, nb, a.k, a=a.packed, b=b.packed, a_scales=sfa, b_scales=sfb)
-        # The schedule is built on the host (validate() reads the offsets there too): a second
-        # small device->host copy, before the launch.
-        sched = grouped_schedule(req.offsets.to("cpu").tolist()).to(a.device)
+        # The schedule is built on the device, its length fixed by M and E: no host read of the offsets,
+        # so the call can be captured in a CUDA graph (device_schedule.py; validate() reads them only
+        # with check_values)
+        sched = device_grouped_schedule(req.offsets.to(a.device), a.rows)
         return LaunchArgs(
             cfg=choose_config(a.rows, nb, swiglu=swiglu, grouped=True), a=a.packed, b=b.packed,
             sfa=sfa, sfb=sfb, alpha=req.alphas.contiguous(), sched=sched,

@@ -3,7 +3,8 @@
 One kernel class, specialised at compile time by two flags and the tile N (``layout.CONFIGS``):
 
 * ``grouped``: False -> dense ``y[M, N]``; CTA ``x`` is the M tile. True -> MoE grouped GEMM; CTA ``x``
-  reads one row ``(expert, m_tile, row_lo, row_hi)`` of a host-built work schedule (``layout.py``).
+  reads one row ``(expert, m_tile, row_lo, row_hi)`` of a work schedule built on the device
+  (``device_schedule.py``; a row with ``row_lo == row_hi`` stores nothing).
 * ``swiglu``: False -> one B operand, ``y = alpha * acc``. True -> two B operands (the gate and the up
   half of the weight, batch indices ``2e`` and ``2e + 1`` of B viewed as ``[n/2, K, 2E]``), two TMEM
   accumulators, and the fused epilogue ``silu(min(g, L)) * clamp(u, -L, L)``.
