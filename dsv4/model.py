@@ -98,7 +98,7 @@ class _Builder:
                     device=torch.device(device))
         return LINEAR_CLASSES[fmt](label, comp, w, out_dtype=out_dtype, **self._extra(fmt, device))
 
-    def grouped(self, groups: Sequence[Sequence[Any]], name: str, comp: str, device: str) -> GroupedLinear:
+    def grouped(self, groups: Sequence[Any], name: str, comp: str, device: str) -> GroupedLinear:
         fmt = self.plan[comp]
         w = prepare_bank(groups, fmt, name=name, component=comp, records=self.records, device=torch.device(device))
         return GROUPED_CLASSES[fmt](name, comp, w, len(groups), **self._extra(fmt, device))
@@ -142,10 +142,14 @@ class _Builder:
                   if (c.is_hash_layer(i) if hashed is None else hashed) else
                   Router(f"layers.{i}.", gate, bias=self.tensor("ffn.gate.bias", i, device), **kw))
         E = c.n_routed_experts
-        w13 = self.grouped([[self.r.weight(f"ffn.experts.{e}.w1", i), self.r.weight(f"ffn.experts.{e}.w3", i)]
-                            for e in range(E)], f"layers.{i}.ffn.experts.w13", self.klass("routed_experts"), device)
-        w2 = self.grouped([[self.r.weight(f"ffn.experts.{e}.w2", i)] for e in range(E)],
-                          f"layers.{i}.ffn.experts.w2", self.klass("routed_experts"), device)
+        # each expert read when its turn comes (weights.prepare_bank): a layer's bank is never on the host whole
+        def expert(e: int, *parts: str) -> Any:
+            return lambda: [self.r.weight(f"ffn.experts.{e}.{p}", i) for p in parts]
+
+        w13 = self.grouped([expert(e, "w1", "w3") for e in range(E)], f"layers.{i}.ffn.experts.w13",
+                           self.klass("routed_experts"), device)
+        w2 = self.grouped([expert(e, "w2") for e in range(E)], f"layers.{i}.ffn.experts.w2",
+                          self.klass("routed_experts"), device)
         shared = SharedExpert(f"layers.{i}.ffn.shared_experts",
                               self.linear(["ffn.shared_experts.w1", "ffn.shared_experts.w3"], i, device),
                               self.linear(["ffn.shared_experts.w2"], i, device), swiglu_limit=c.swiglu_limit)

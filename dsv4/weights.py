@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -186,12 +186,24 @@ def prepare(sws: Sequence[StoredWeight], target: str, *, name: str, component: s
     return w
 
 
-def prepare_bank(groups: Sequence[Sequence[StoredWeight]], target: str, *, name: str, component: str,
-                 records: list[ConversionRecord], device: torch.device) -> Prepared:
-    """One prepared weight per group, stacked; a single aggregated record (max error over groups)."""
+def prepare_bank(groups: Sequence[Sequence[StoredWeight] | Callable[[], Sequence[StoredWeight]]], target: str, *,
+                 name: str, component: str, records: list[ConversionRecord], device: torch.device) -> Prepared:
+    """One prepared weight per group, each written into the bank as it is made (``bank_fill.BankFill``:
+    the bank and one group alive, not every group and their stack); a group given as a callable is
+    read only when its turn comes. A single aggregated record (max error over groups)."""
+    from .bank_fill import BankFill
+
     local: list[ConversionRecord] = []
-    bank = stack_bank([prepare(g, target, name=name, component=component, records=local, device=device)
-                       for g in groups])
+    fill: BankFill | None = None
+    for i, g in enumerate(groups):
+        w = prepare(g() if callable(g) else g, target, name=name, component=component, records=local, device=device)
+        if fill is None:
+            fill = BankFill(w, len(groups), name)
+        fill.put(i, w)
+        del w
+    if fill is None:
+        raise ValueError(f"{name}: expected at least one group, found none")
+    bank = fill.done()
     errs = [r.rel_err for r in local if r.rel_err is not None]
     records.append(ConversionRecord(name, component, ", ".join(sorted({r.stored for r in local})), target,
                                     ", ".join(sorted({r.action for r in local})), len(local),
