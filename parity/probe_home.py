@@ -8,6 +8,10 @@ width (2 layers, 1,024 tokens, 38 probes, 1.6 GB) capturing them to the host cos
 ``cutedsl_sm90`` prefill 0.14 -> 0.55 s and an ``emulated`` one 1.02 -> 1.86 s
 (``benchmarks/results/real_width_pro_h100_s3.json``, ``probe_capture``).
 
+A host anchor (the reference's probes) goes up once per prompt when it fits beside the test side's
+probes (``anchor_on_device``), read there by both modes' comparisons and the isolated forward, then
+dropped; the host copy stays for the next column.
+
 The emulated floor's outputs, which anchor the bug-budget column next, stay on the device too while
 they fit beside the model that made them (the kernel backend's model, built next, needs about as
 much); if it does not fit beside them after all, they move to the host and it is built again
@@ -55,6 +59,16 @@ def run_with_home(run: Callable[[bool], T], on_device: bool, release: Callable[[
 
 def is_on_device(probes: Mapping[str, Any]) -> bool:
     return any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in probes.values())
+
+
+def anchor_on_device(probes: dict[str, Any], device: str | torch.device) -> dict[str, Any] | None:
+    """Host anchor probes copied to the GPU for one prompt, or None (on the device already, not a GPU,
+    or not room for them beside the test side's probes: ``fits_on_device`` of both). A column reads its
+    anchor in every comparison (propagated and isolated) and its layer outputs in the isolated forward;
+    from the host each of those reads was a host-to-device copy of its own."""
+    if is_on_device(probes) or not fits_on_device(2 * probe_bytes(probes), device):
+        return None
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in probes.items()}
 
 
 def to_host(probes: dict[str, Any]) -> dict[str, Any]:

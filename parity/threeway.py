@@ -31,7 +31,7 @@ from .env import code_version, device_name, versions
 from .errors import ParityInputError
 from .inputs import EncodedPrompt
 from .logits_stats import FIRST_PREFIX, PositionStats, summarize
-from .probe_home import fits_on_device, is_on_device, probe_bytes, run_with_home, to_host
+from .probe_home import anchor_on_device, fits_on_device, is_on_device, probe_bytes, run_with_home, to_host
 from .records import ALL_PROMPTS, COMPARE_MODES, RunContext, new_run_id
 from .refcache import ReferenceCache, cache_key, dtype_name
 from .rules import RuleSet
@@ -228,6 +228,10 @@ class _Runner:
             ids = p.tensor()
             if auditor is not None:
                 auditor.prompt_id = p.id
+            # a host anchor goes up once for this prompt when it fits beside the test side's probes
+            up = anchor_on_device(anchor.probes, spec.device)
+            if up is not None:
+                anchor = SideOutput(up, anchor.streams, anchor.seconds)
             # the test side's probes stay on the GPU when they fit (compared there, then dropped)
             home = fits_on_device(probe_bytes(anchor.probes), spec.device)
             out, home = self._forward(lambda d: run_propagated(model, ids, spec.device, probes_on_device=d), home,
@@ -249,7 +253,7 @@ class _Runner:
                     stats[mode].append((n, st))
             _add(result.phase_seconds, "compare", _now() - t_cmp)
             result.last_logits[p.id] = (anchor.logits[-1].float().cpu(), out.logits[-1].float().cpu())
-            del tests
+            del tests, anchor
             if keep_outputs:   # a later column's anchor: left on the GPU while the kept ones fit there
                 if home and not fits_on_device(sum(probe_bytes(k.probes) for k in (*kept, out)), spec.device):
                     out = SideOutput(to_host(out.probes), out.streams, out.seconds)

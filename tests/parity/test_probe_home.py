@@ -16,6 +16,26 @@ def test_probe_bytes_counts_tensors_only() -> None:
 
 def test_nothing_is_device_resident_on_the_cpu() -> None:
     assert not probe_home.fits_on_device(0, "cpu")
+    assert probe_home.anchor_on_device({"x": torch.zeros(4)}, "cpu") is None
+
+
+def test_a_host_anchor_goes_up_only_with_room_for_the_test_probes_too(monkeypatch) -> None:
+    asked: list[int] = []
+    room = {"fits": True}
+
+    def fits(nbytes, device):
+        asked.append(nbytes)
+        return room["fits"]
+
+    monkeypatch.setattr(probe_home, "fits_on_device", fits)
+    probes = {"a": torch.ones(3, 4), "note": "kept"}
+    up = probe_home.anchor_on_device(probes, "cpu")
+    assert asked == [2 * 48] and up is not None and up["note"] == "kept" and torch.equal(up["a"], probes["a"])
+    room["fits"] = False
+    assert probe_home.anchor_on_device(probes, "cpu") is None
+    monkeypatch.setattr(probe_home, "is_on_device", lambda p: True)     # on the device already: nothing to do
+    room["fits"] = True
+    assert probe_home.anchor_on_device(probes, "cpu") is None
 
 
 def test_out_of_memory_on_the_device_is_retried_on_the_host() -> None:
@@ -44,16 +64,23 @@ def test_other_errors_are_not_retried() -> None:
 
 def _records(tiny, prompts, monkeypatch, resident: bool) -> tuple[list[tuple], list[bool]]:
     homes: list[bool] = []
-    real = threeway.run_with_home
+    real, real_up = threeway.run_with_home, threeway.anchor_on_device
 
     def spy(run, on_device, release):
         out = real(run, on_device, release)
         homes.append(out[1])
         return out
 
+    def up_spy(probes, device):
+        out = real_up(probes, device)
+        homes.append(out is not None)
+        return out
+
     monkeypatch.setattr(threeway, "run_with_home", spy)
+    monkeypatch.setattr(threeway, "anchor_on_device", up_spy)
     if not resident:
         monkeypatch.setattr(threeway, "fits_on_device", lambda *_: False)
+        monkeypatch.setattr(probe_home, "fits_on_device", lambda *_: False)
     with installed(CLEAN_KERNEL) as name:
         spec = RunSpec(source=tiny, prompts=prompts, backend=name, device="cuda", columns=("floor", "bug_budget"))
         result = run_threeway(spec).raise_errors()
@@ -69,7 +96,9 @@ def test_device_resident_probes_give_the_host_records(tiny, chat_prompts, monkey
     on_dev, homes_dev = _records(tiny, chat_prompts, monkeypatch, resident=True)
     monkeypatch.undo()
     on_host, homes_host = _records(tiny, chat_prompts, monkeypatch, resident=False)
-    assert homes_dev and all(homes_dev), "the tiny model's probes should have stayed on the GPU"
+    # every test forward's probes stayed on the GPU; the floor column's host anchors went up once a prompt
+    # (the bug-budget column's, the floor's outputs, were there already)
+    assert homes_dev and sum(homes_dev) >= len(homes_dev) - len(chat_prompts), homes_dev
     assert homes_host and not any(homes_host)
     assert len(on_dev) > 500 and on_dev == on_host
 
