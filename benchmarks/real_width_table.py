@@ -7,10 +7,12 @@ layer at each prefill length and per decode step, peak GPU memory; the two targe
 overhead, streaming-reference memory) as the bench measured them.
 Part 2, extrapolated (``parity.verdict_time``, each assumption printed under its row): a first-token
 verdict (logic + floor + bug-budget columns, 5 prompts of 1k tokens) on full Flash (43 layers) and
-Pro (61 layers), on the measured card streamed, on the other of H100 / H200, and on 8x B200 (the
-prompts split over 8 ranks by ``torchrun``: the per-rank time of one of 8 prompt shares, at B200's
-bandwidth, which assumes the prompts divide evenly and each rank streams its own copy of the layers;
-each rank loading at the measured machine's read rate, the aggregate the node must serve named).
+Pro (61 layers), with every column and with floor + bug budget only, on one H100, one H200, and 8x B200
+(prompts over ranks, each rank holding its own models, or one process with the layers spread by a device
+map); a row whose cards cannot hold the resident native models says so and names the cards it needs
+(``parity.verdict_fit``). Over ranks: the per-rank time of one of 8 prompt shares (``torchrun``), which
+assumes the prompts divide evenly, each rank loading at the measured machine's read rate (the aggregate
+the node must serve named). B200 times scale the H100 table by memory bandwidth.
 """
 from __future__ import annotations
 
@@ -102,27 +104,55 @@ def measured(d: dict) -> list[str]:
     return out + [""]
 
 
+# (row label, card, cards, prompt shares, each rank holding its own models)
+WHERE = (("1x H100", TARGETS["H100"], 1, 1, False), ("1x H200", TARGETS["H200"], 1, 1, False),
+         ("8x B200, prompts over 8 ranks (torchrun)", TARGETS["B200"], 8, 8, True),
+         ("8x B200, one process, layers by device map", TARGETS["B200"], 8, 1, False))
+
+
+def fit_cell(e, per_rank: bool = False) -> str:
+    """The estimate, or why it cannot run as estimated: a model that does not fit one card a rank cannot
+    be split that way; one that does not fit the cards named runs over more of them by a device map (one
+    process, the layers in turn: the same time, on that many cards)."""
+    from parity.verdict_time import card_family, fmt_seconds
+
+    t = fmt_seconds(e.seconds)
+    if e.fits:
+        return t
+    if per_rank:
+        return f"**does not fit one card a rank** ({t} if it did)"
+    if e.cards_needed is None:
+        return f"**does not fit** ({t} if it did)"
+    return f"**needs {e.cards_needed} x {card_family(e.card)}** by device map: {t}"
+
+
 def extrapolated(tables: list[dict]) -> list[str]:
     sys.path.insert(0, str(ROOT))
     from dsv4.config import preset
-    from parity.verdict_time import estimate, fmt_seconds
+    from parity.verdict_time import estimate
 
-    out = ["## Extrapolated: a first-token verdict (logic + floor + bug budget, 5 prompts x 1024 tokens)", "",
-           "| model | where | estimate | from |", "|---|---|---|---|"]
+    out = [f"## Extrapolated: a first-token verdict ({len(PROMPTS)} prompts x {PROMPTS[0]} tokens)", "",
+           "The reference streams one layer at a time; the native model is resident (built whole on its "
+           "card, or spread by a device map): a row whose cards cannot hold it says so, and its memory note "
+           "names the cards it needs.", "",
+           "| model | columns | where | estimate | memory | from |", "|---|---|---|---|---|---|"]
     notes: list[str] = []
     for model in ("flash", "pro"):
         c = preset(model)
-        for where, card, shares in (("1x H100 (streamed)", TARGETS["H100"], 1), ("1x H200 (streamed)", TARGETS["H200"], 1),
-                                    ("8x B200 (torchrun, prompts over 8 ranks)", TARGETS["B200"], 8)):
-            prompts = PROMPTS[: max(1, -(-len(PROMPTS) // shares))]
-            e = estimate(c, prompts, COLUMNS, card=card, tables=tables, readers=shares)
-            if e is None:
-                out.append(f"| {model} | {where} | no table | - |")
-                continue
-            n = len(notes) + 1
-            notes.append(f"{n}. {model}, {where}: " + "; ".join(e.assumptions)
-                         + (f"; {len(prompts)} of {len(PROMPTS)} prompts per rank" if shares > 1 else ""))
-            out.append(f"| {model} | {where} | {fmt_seconds(e.seconds)} | {e.table} ({e.table_card}) [{n}] |")
+        for columns in (COLUMNS, COLUMNS[1:]):
+            for where, card, cards, shares, per_rank in WHERE:
+                prompts = PROMPTS[: max(1, -(-len(PROMPTS) // shares))]
+                e = estimate(c, prompts, columns, card=card, tables=tables, readers=shares, cards=cards,
+                             per_rank=per_rank)
+                label = " + ".join(columns)
+                if e is None:
+                    out.append(f"| {model} | {label} | {where} | no table | - | - |")
+                    continue
+                n = len(notes) + 1
+                notes.append(f"{n}. {model}, {label}, {where}: " + "; ".join(e.assumptions)
+                             + (f"; {len(prompts)} of {len(PROMPTS)} prompts per rank" if shares > 1 else ""))
+                out.append(f"| {model} | {label} | {where} | {fit_cell(e, per_rank)} | {e.fit} | {e.table} "
+                           f"({e.table_card}) [{n}] |")
     return out + ["", "Assumptions:", ""] + notes + [""] + extrapolated_runs(tables)
 
 
@@ -134,26 +164,28 @@ def extrapolated_runs(tables: list[dict]) -> list[str]:
 
     out = [f"## Extrapolated: a {DECODE_STEPS}-token teacher-forced decode (one {PROMPTS[0]}-token prompt) and a "
            f"floor search of {FLOOR_CONFIGS} configurations ({len(PROMPTS)} prompts x {PROMPTS[0]} tokens)", "",
-           "| run | model | where | estimate | from |", "|---|---|---|---|---|"]
+           "| run | model | where | estimate | memory | from |", "|---|---|---|---|---|---|"]
     notes: list[str] = []
     for model in ("flash", "pro"):
         c = preset(model)
-        for where, card, ranks in (("1x H100 (streamed)", TARGETS["H100"], 1), ("1x H200 (streamed)", TARGETS["H200"], 1),
-                                   ("8x B200 (torchrun: configurations over 8 ranks)", TARGETS["B200"], 8)):
-            runs = [("floor search", floor_search_estimate(c, -(-FLOOR_CONFIGS // ranks), PROMPTS, card=card,
-                                                          tables=tables, readers=ranks))]
+        for where, card, cards, ranks, per_rank in WHERE:
+            per = -(-FLOOR_CONFIGS // ranks)
+            runs = [("floor search", floor_search_estimate(c, per, PROMPTS, card=card, tables=tables, readers=ranks,
+                                                          cards=cards, per_rank=per_rank))]
             if ranks == 1:
-                runs.insert(0, ("decode", decode_estimate(c, DECODE_STEPS, PROMPTS[0], card=card, tables=tables)))
+                runs.insert(0, ("decode", decode_estimate(c, DECODE_STEPS, PROMPTS[0], card=card, tables=tables,
+                                                          cards=cards)))
+            rank_where = where.replace("prompts over", "configurations over")
             for run, e in runs:
                 if e is None:
-                    out.append(f"| {run} | {model} | {where} | no table | - |")
+                    out.append(f"| {run} | {model} | {rank_where} | no table | - | - |")
                     continue
                 n = len(notes) + 1
-                notes.append(f"{n}. {run}, {model}, {where}: " + "; ".join(e.assumptions)
-                             + (f"; {-(-FLOOR_CONFIGS // ranks)} of {FLOOR_CONFIGS} configurations per rank, the "
-                                f"reference cache shared" if ranks > 1 else ""))
+                notes.append(f"{n}. {run}, {model}, {rank_where}: " + "; ".join(e.assumptions)
+                             + (f"; {per} of {FLOOR_CONFIGS} configurations per rank, the reference cache shared"
+                                if ranks > 1 else ""))
                 parts = ", ".join(f"{k} {fmt_seconds(v)}" for k, v in e.breakdown.items())
-                out.append(f"| {run} | {model} | {where} | {fmt_seconds(e.seconds)} ({parts}) | {e.table} "
+                out.append(f"| {run} | {model} | {rank_where} | {fit_cell(e, per_rank)} ({parts}) | {e.fit} | {e.table} "
                            f"({e.table_card}) [{n}] |")
     return out + ["", "Assumptions:", ""] + notes + [""]
 

@@ -16,6 +16,9 @@ device type first, then the most recent: the bench's date, else the file order) 
 * loads (reading the checkpoint into the native model): the table's slowest load per layer x the
   parameters ratio, never the bandwidth ratio (storage and the host link bound a load; the rate
   measured is written out), x the ranks that load at once from one storage.
+* memory and storage (``parity.verdict_fit``): whether the resident native models fit the cards named
+  (else the cards a device map needs), and the streamed reference's reads of a checkpoint larger
+  than the host's memory, once per reference forward.
 """
 from __future__ import annotations
 
@@ -83,11 +86,16 @@ class Estimate:
     table_card: str
     assumptions: list[str] = field(default_factory=list)
     breakdown: dict[str, float] = field(default_factory=dict)
+    fits: bool = True          # the resident native models fit the cards named (parity.verdict_fit)
+    fit: str = ""
+    cards_needed: int | None = None   # cards of this kind a device map needs for the largest of them
 
     def lines(self) -> list[str]:
         parts = ", ".join(f"{k} {v:.0f} s" for k, v in self.breakdown.items())
         out = [f"time to verdict (estimate): {fmt_seconds(self.seconds)} on {self.card} [{parts}]",
                f"  from the measured table {self.table} ({self.table_card})"]
+        if self.fit:
+            out.append(f"  {'memory' if self.fits else 'MEMORY'}: {self.fit}")
         out += [f"  assumption: {a}" for a in self.assumptions]
         return out
 
@@ -244,9 +252,12 @@ def load_seconds(table: dict[str, Any], config: Any, loads: int, assumptions: li
 
 
 def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: str | None = None,
-             tables: Sequence[dict[str, Any]] | None = None, readers: int = 1) -> Estimate | None:
+             tables: Sequence[dict[str, Any]] | None = None, readers: int = 1, cards: int = 1,
+             per_rank: bool = False) -> Estimate | None:
     """The forwards a first-token run performs for prompts of ``tokens`` tokens, from a measured table
-    (``readers``: ranks of one launch loading their models at once, :func:`load_seconds`)."""
+    (``readers``: ranks of one launch loading their models at once, :func:`load_seconds`); whether its
+    resident models fit ``cards`` cards (each rank's own when ``per_rank``) and the streamed reference's
+    reads from storage (``parity.verdict_fit``)."""
     card = card or this_card()
     tables = load_tables() if tables is None else tables
     table, notes = pick_table(tables, card, getattr(config, "name", None))
@@ -287,7 +298,15 @@ def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: s
     loads = load_seconds(table, config, builds, assumptions, readers=readers)
     if loads is not None:
         b["loads"] = loads
-    return Estimate(sum(b.values()), Path(table["_file"]).name, card, tc, assumptions, b)
+    from .verdict_fit import cards_needed, fit_note, model_needs, reference_read_seconds
+
+    reads = reference_read_seconds(table, config, len(tokens) * (("logic" in b) + ("floor" in b)), assumptions)
+    if reads:
+        b["reference_reads"] = reads
+    needs = model_needs(config, card, columns)
+    fits, note = fit_note(needs, card, cards, per_rank)
+    return Estimate(sum(b.values()), Path(table["_file"]).name, card, tc, assumptions, b, fits, note,
+                    cards_needed(needs))
 
 
 __all__ = ["BANDWIDTH_TBS", "Estimate", "estimate", "load_seconds", "load_seconds_per_layer", "load_tables", "pick_table",

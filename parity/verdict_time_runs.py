@@ -26,6 +26,8 @@ from typing import Any, Sequence
 from .verdict_time import (Estimate, harness_overhead, kind_of, load_seconds, load_tables, pick_table,
                            points_for_kind, side_seconds, table_scale, this_card)
 
+from .verdict_fit import cards_needed, fit_note, model_needs, reference_read_seconds
+
 REFERENCE = ("reference", "reference(streaming)")
 
 
@@ -72,8 +74,9 @@ def _pick(config: Any, card: str | None, tables: Sequence[dict[str, Any]] | None
 
 
 def decode_estimate(config: Any, steps: int = 300, prompt_tokens: int = 1024, card: str | None = None,
-                    tables: Sequence[dict[str, Any]] | None = None) -> Estimate | None:
-    """A teacher-forced decode of one prompt: both sides' prefill, ``steps`` steps each, and their loads."""
+                    tables: Sequence[dict[str, Any]] | None = None, cards: int = 1) -> Estimate | None:
+    """A teacher-forced decode of one prompt: both sides' prefill, ``steps`` steps each, and their loads;
+    whether the native model fits ``cards`` cards (``parity.verdict_fit``)."""
     def has_decode(t: dict[str, Any]) -> bool:
         return bool(decode_points(t, "reference", None)) and bool(decode_points(t, "native", None))
 
@@ -99,12 +102,20 @@ def decode_estimate(config: Any, steps: int = 300, prompt_tokens: int = 1024, ca
     loads = load_seconds(table, config, 1, assumptions)     # the native model (the reference streams)
     if loads is not None:
         b["loads"] = loads
+    ref_prefill_reads = reference_read_seconds(table, config, 1, assumptions)
+    if ref_prefill_reads:
+        b["reference_reads"] = ref_prefill_reads
+    assumptions.append("reference decode steps at their measured time (weights from the page cache); a step "
+                       "reads only its routed experts, which at full size may come from storage: not counted")
+    needs = model_needs(config, card, ("floor",))
+    fits, note = fit_note(needs, card, cards)
     return Estimate(sum(b.values()), Path(table.get("_file", "?")).name, card, table["machine"]["card"],
-                    assumptions, b)
+                    assumptions, b, fits, note, cards_needed(needs))
 
 
 def floor_search_estimate(config: Any, configurations: int, tokens: Sequence[int], card: str | None = None,
-                          tables: Sequence[dict[str, Any]] | None = None, readers: int = 1) -> Estimate | None:
+                          tables: Sequence[dict[str, Any]] | None = None, readers: int = 1, cards: int = 1,
+                          per_rank: bool = False) -> Estimate | None:
     """A floor search visiting ``configurations`` plans over prompts of ``tokens`` tokens (``readers``:
     ranks loading at once from one storage, ``verdict_time.load_seconds``)."""
     if configurations < 1:
@@ -131,8 +142,14 @@ def floor_search_estimate(config: Any, configurations: int, tokens: Sequence[int
     loads = load_seconds(table, config, configurations, assumptions, readers=readers)
     if loads is not None:
         b["loads"] = loads
+    reads = reference_read_seconds(table, config, len(tokens), assumptions)
+    if reads:
+        b["reference_reads"] = reads
+    # the default plan's model: a configuration holding components in BF16 needs more, not counted
+    needs = model_needs(config, card, ("floor",))
+    fits, note = fit_note(needs, card, cards, per_rank)
     return Estimate(sum(b.values()), Path(table.get("_file", "?")).name, card, table["machine"]["card"],
-                    assumptions, b)
+                    assumptions, b, fits, note, cards_needed(needs))
 
 
 __all__ = ["decode_estimate", "floor_search_estimate"]

@@ -181,11 +181,15 @@ def test_table_script_writes_measured_and_extrapolated_markdown(results, tmp_pat
     text = md.read_text()
     assert "| reference(streaming) | prefill | 64 | hca/score |" in text and "harness overhead" in text
     assert "| peak GPU GiB | host RSS GiB | disk read GiB |" in text and "lifetime peak" in text
-    for row in ("| flash | 1x H100 (streamed) |", "| pro | 8x B200 (torchrun, prompts over 8 ranks) |"):
+    for row in ("| flash | logic + floor + bug_budget | 1x H100 |", "| pro | floor + bug_budget | 8x B200, prompts "
+                "over 8 ranks (torchrun) |", "| pro | floor + bug_budget | 8x B200, one process, layers by device map |"):
         assert row in text
     assert "no measured table for this machine (NVIDIA B200)" in text
+    # the resident native model at full size: one H100 cannot hold Pro's, a device map over 13 can
+    assert "| pro | floor + bug_budget | 1x H100 | **needs 13 x H100** by device map:" in text
+    assert "does not fit one card a rank: native default (floor, bug budget) 828 GiB: 6 x B200" in text
     # the decode and floor-search rows (parity.verdict_time_runs), each with its breakdown
-    for row in ("| decode | flash | 1x H100 (streamed) |", "| floor search | pro | 8x B200 (torchrun: configurations"):
+    for row in ("| decode | flash | 1x H100 |", "| floor search | pro | 8x B200, configurations over 8 ranks"):
         assert row in text
     assert "native_decode" in text and "configurations" in text and "300-token teacher-forced decode" in text
 

@@ -1,0 +1,120 @@
+"""Whether the models a verdict builds fit the cards an estimate names, and what re-reading the streamed
+reference from storage adds: the two facts a time-to-verdict figure is worthless without.
+
+* **The native models are resident.** The reference streams one layer at a time; the native model does
+  not: it is built whole on its device(s) (``dsv4.load_model``; ``--device-map`` spreads its layers over
+  several GPUs of one process). A first-token run builds the logic column's FP32 model and the plan's
+  model (floor, bug budget). Their weights (``parity.memory.model_weights``, the dry run's figures)
+  against the card's memory, of which ``USABLE`` is assumed free for weights (the rest: activations,
+  probes, the CUDA context), give the cards a device map needs; a row whose card count is short of that
+  cannot run as estimated.
+* **The streamed reference reads its checkpoint on every forward.** A measured table's reference times
+  hold reads from the page cache (the bench's few layers stay there). A full checkpoint larger than the
+  host's memory cannot stay cached, so each reference forward reads every layer from storage again:
+  per forward, the checkpoint's bytes at the load rate the table measured from disk.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+# Vendor memory per card, bytes (data sheets); the usable share for weights is an assumption, named.
+CARD_MEMORY_BYTES = {"H100": 80e9, "H200": 141e9, "B200": 192e9, "GB200": 186e9, "A100": 80e9, "L40S": 48e9}
+USABLE = 0.9
+
+
+@dataclass(frozen=True)
+class Need:
+    """One resident model: its weights and the cards of ``card`` a device map needs for them."""
+
+    model: str
+    weight_bytes: int
+    cards: int | None        # None: the card's memory is unknown
+
+    def describe(self, card: str) -> str:
+        from .verdict_time import card_family
+
+        gib = f"{self.model} {self.weight_bytes / 2**30:.0f} GiB"
+        return f"{gib}: memory of {card} unknown" if self.cards is None else f"{gib}: {self.cards} x {card_family(card)}"
+
+
+def card_memory(card: str) -> float | None:
+    from .verdict_time import card_family
+
+    return CARD_MEMORY_BYTES.get(card_family(card))
+
+
+def model_needs(config: Any, card: str, columns: Sequence[str] = ("logic", "floor", "bug_budget"),
+                plan: str = "default") -> list[Need]:
+    """The resident native models of a run of ``columns`` and the cards of ``card`` each needs."""
+    from dsv4.plan import PrecisionPlan, resolve_plan
+
+    from .memory import model_weights
+
+    devices = {k: "gpu" for k in [*range(config.num_hidden_layers), "embed", "head"]}
+    models = []
+    if "logic" in columns:
+        models.append(("native all-fp32 (logic)", PrecisionPlan.preset("all-fp32")))
+    if "floor" in columns or "bug_budget" in columns:
+        models.append((f"native {plan} (floor, bug budget)", resolve_plan(plan)))
+    mem = card_memory(card)
+    out = []
+    for name, p in models:
+        nbytes = model_weights(config, devices, p).total
+        out.append(Need(name, nbytes, None if mem is None else max(1, math.ceil(nbytes / (USABLE * mem)))))
+    return out
+
+
+def fit_note(needs: Sequence[Need], card: str, cards: int, per_rank: bool = False) -> tuple[bool, str]:
+    """(fits, a short note: each resident model's weights and the cards of ``card`` it needs, at
+    ``USABLE`` of their memory). ``cards`` available; ``per_rank``: each rank holds its own copy (prompts
+    or configurations over ranks), so one card must hold a model alone."""
+    if not needs:
+        return True, ""
+    room = 1 if per_rank else cards
+    listed = "; ".join(n.describe(card) for n in needs)
+    if any(n.cards is not None and n.cards > room for n in needs):
+        where = "one card a rank" if per_rank else f"{cards} card{'s' * (cards > 1)}"
+        return False, f"does not fit {where}: {listed}"
+    if any(n.cards is None for n in needs):
+        return True, f"fit unknown: {listed}"
+    return True, f"fits: {listed}"
+
+
+def cards_needed(needs: Sequence[Need]) -> int | None:
+    """The cards a device map needs for the largest resident model (None when unknown)."""
+    known = [n.cards for n in needs if n.cards is not None]
+    return max(known) if known and len(known) == len(needs) else None
+
+
+def reference_read_seconds(table: dict[str, Any], config: Any, forwards: int,
+                           assumptions: list[str]) -> float | None:
+    """Seconds the streamed reference spends reading its checkpoint from storage over ``forwards``
+    forwards, when the full checkpoint is larger than the measured machine's host memory (else 0: it can
+    stay in the page cache after the first). None when the table measured no reference checkpoint size
+    or no read rate."""
+    from .verdict_time import layer_params
+
+    build = (table.get("build") or {}).get("official") or {}
+    per_layer = build.get("per_layer_bytes") or {}
+    loads = [r for r in table.get("runs", []) if r.get("phase") == "load" and r.get("disk_read_bytes")]
+    host = (table.get("machine") or {}).get("host_memory_bytes")
+    if not per_layer or not loads or not host:
+        return None
+    slowest = max(loads, key=lambda r: r["seconds"])
+    rate = slowest["disk_read_bytes"] / slowest["seconds"]
+    layer_bytes = sum(per_layer.values()) / len(per_layer) * layer_params(config) / layer_params(table["config"])
+    total = layer_bytes * config.num_hidden_layers
+    if total <= host:
+        assumptions.append(f"the reference checkpoint ({total / 1e9:.0f} GB) fits the host's "
+                           f"{host / 1e9:.0f} GB of memory: its streamed reads come from the page cache")
+        return 0.0
+    assumptions.append(f"the reference checkpoint ({total / 1e9:.0f} GB) exceeds the host's {host / 1e9:.0f} GB: "
+                       f"each of {forwards} reference forwards reads it from storage at the measured "
+                       f"{rate / 1e9:.2f} GB/s (a reference cache from an earlier run of the same prompts skips them)")
+    return forwards * total / rate
+
+
+__all__ = ["CARD_MEMORY_BYTES", "USABLE", "Need", "card_memory", "cards_needed", "fit_note", "model_needs",
+           "reference_read_seconds"]

@@ -1,0 +1,74 @@
+"""Whether a time-to-verdict estimate's resident models fit the cards it names, and the streamed
+reference's reads from storage (parity.verdict_fit): a row that cannot run as estimated says so."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dsv4.config import preset
+from parity.verdict_fit import USABLE, Need, cards_needed, fit_note, model_needs, reference_read_seconds
+from parity.verdict_time import layer_params
+
+H100, B200 = "NVIDIA H100 80GB HBM3", "NVIDIA B200"
+
+
+def test_the_native_models_of_a_run_and_the_cards_they_need() -> None:
+    pro = preset("pro")
+    logic, default = model_needs(pro, H100)
+    assert logic.model.startswith("native all-fp32") and default.model.startswith("native default")
+    assert default.cards == math.ceil(default.weight_bytes / (USABLE * 80e9)) == 13     # 828 GiB of NVFP4
+    assert logic.weight_bytes > 7 * default.weight_bytes                                 # FP32 against 4-bit
+    assert [n.model for n in model_needs(pro, H100, ("floor", "bug_budget"))] == [default.model]
+    tiny = preset("tiny")
+    assert all(n.cards == 1 for n in model_needs(tiny, H100))
+    assert model_needs(tiny, "cpu (2 cores)")[0].cards is None
+
+
+def test_fit_notes_per_card_count_and_per_rank() -> None:
+    needs = [Need("native default", 900 * 2**30, 6)]
+    ok, note = fit_note(needs, B200, 8)
+    assert ok and note.startswith("fits:") and "6 x B200" in note
+    ok, note = fit_note(needs, B200, 8, per_rank=True)       # every rank holds its own copy
+    assert not ok and note.startswith("does not fit one card a rank")
+    ok, note = fit_note(needs, B200, 4)
+    assert not ok and note.startswith("does not fit 4 cards")
+    assert fit_note([Need("m", 1, None)], "cpu", 1)[1].startswith("fit unknown")
+    assert cards_needed([Need("a", 1, 3), Need("b", 1, 13)]) == 13 and cards_needed([Need("a", 1, None)]) is None
+
+
+def table(per_layer: float = 14e9, host: float = 135e9) -> dict:
+    c = preset("pro")
+    summary = {k: getattr(c, k) for k in ("hidden_size", "moe_intermediate_size", "n_routed_experts",
+                                          "num_attention_heads", "head_dim", "q_lora_rank", "o_lora_rank")}
+    return {"config": {**summary, "num_hidden_layers": 2}, "machine": {"card": H100, "host_memory_bytes": host},
+            "build": {"official": {"per_layer_bytes": {"0": per_layer, "1": per_layer}}},
+            "runs": [{"phase": "load", "seconds": 50.0, "disk_read_bytes": 30e9}]}   # 0.6 GB/s
+
+
+def test_the_streamed_reference_rereads_a_checkpoint_larger_than_the_host() -> None:
+    pro = preset("pro")
+    notes: list[str] = []
+    got = reference_read_seconds(table(), pro, 5, notes)
+    assert got == pytest.approx(5 * 14e9 * pro.num_hidden_layers / 0.6e9)
+    assert "exceeds the host's 135 GB" in notes[0] and "0.60 GB/s" in notes[0]
+    notes.clear()
+    assert reference_read_seconds(table(per_layer=1e9), pro, 5, notes) == 0.0          # 61 GB: page cache
+    assert "fits the host" in notes[0]
+    tiny = preset("tiny")
+    small = reference_read_seconds(table(), tiny, 5, [])
+    assert small == 0.0 and layer_params(tiny) < layer_params(pro)
+    no_build = table()
+    del no_build["build"]
+    assert reference_read_seconds(no_build, pro, 5, []) is None
+
+
+def test_an_estimate_for_one_h100_at_pro_size_says_it_does_not_fit() -> None:
+    from parity.verdict_time import estimate, load_tables
+
+    e = estimate(preset("pro"), [1024] * 5, ["floor", "bug_budget"], card=H100, tables=load_tables())
+    assert e is not None and not e.fits and e.cards_needed == 13
+    assert any(line.startswith("  MEMORY: does not fit 1 card") for line in e.lines())
+    assert e.breakdown.get("reference_reads", 0) > 0
+    b = estimate(preset("pro"), [1024] * 5, ["floor", "bug_budget"], card=B200, tables=load_tables(), cards=8)
+    assert b.fits and b.cards_needed == 6
