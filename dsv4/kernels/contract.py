@@ -82,6 +82,8 @@ class FP4Operand:
             if s.dim() != 1 or s.numel() != want:
                 _fail(f"{name}.scales numel (swizzled)", f"{want} (= round_up({per},128) * round_up({sc},4)"
                       f"{' * ' + str(groups) + ' groups' if groups else ''}), 1-d", f"{s.numel()} {tuple(s.shape)}")
+            if sc % 4 and not capturing():
+                _check_column_padding(name, s, per, sc, groups or 1)
         if not s.is_contiguous():
             _fail(f"{name}.scales", "a contiguous tensor", "a strided view")
         if g.dtype != torch.float32:
@@ -92,6 +94,33 @@ class FP4Operand:
         for t, tn in ((s, "scales"), (g, "global_scale")):
             if t.device != p.device:
                 _fail(f"{name}.{tn} device", f"{p.device} (same as packed)", t.device)
+
+
+_PAD_MASKS: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _column_padding_mask(rows: int, sc: int) -> torch.Tensor:
+    """Flat positions of the swizzled layout that pad K/16 = ``sc`` up to a multiple of 4 in real rows."""
+    key = (rows, sc)
+    if key not in _PAD_MASKS:
+        from ..numerics.swizzle import swizzle_scales
+
+        m = torch.zeros(rows, round_up(sc, 4), dtype=torch.uint8)
+        m[:, sc:] = 1
+        _PAD_MASKS[key] = swizzle_scales(m).bool()
+    return _PAD_MASKS[key]
+
+
+def _check_column_padding(name: str, s: torch.Tensor, per: int, sc: int, groups: int) -> None:
+    """Swizzled scales whose K/16 is not a multiple of 4 pad the last 4-column K tile; a block-scaled MMA
+    multiplies those scales into that tile (its data past K is zero-filled), so they must be zeros (a NaN
+    byte there, 0x7F, makes 0 x NaN). One host read, only for such K and outside a graph capture."""
+    mask = _column_padding_mask(per, sc).to(s.device)
+    pad = s.view(torch.uint8).reshape(groups, -1)[:, mask] & 0x7F     # -0 (0x80) is a zero too
+    bad = int(torch.count_nonzero(pad))
+    if bad:
+        _fail(f"{name}.scales padding (swizzled, K/16 = {sc} padded to {round_up(sc, 4)} columns)",
+              "zeros (a block-scaled MMA multiplies them into the last K tile)", f"{bad} non-zero byte(s)")
 
 
 def _check_swiglu(limit: float | None, n: int, name: str) -> None:
