@@ -221,6 +221,24 @@ class NativeModel:
     def backend_names(self) -> dict[str, str]:
         return {dev: d.name for dev, d in self.dispatchers.items()}
 
+    def switch_backend(self, backend: str) -> None:
+        """The same built weights on another backend from now on, instead of building them again from the
+        checkpoint (the harness's bug-budget column reuses the floor column's model this way): every
+        device's dispatcher takes the new backend, frozen activation scales and the kernel log start
+        over, and every FP4 module is expected on the new backend. A device without that backend raises
+        before anything changes."""
+        new = {dev: get_backend(backend, dev) for dev in self.dispatchers}
+        for dev, d in self.dispatchers.items():
+            d.backend = new[dev]
+        for obj in layer_objects([self.blocks, self.head_module]):
+            if getattr(obj, "frozen_scale", None) is not None:
+                obj.frozen_scale = None
+        self._log.reset()
+        name = next(iter(new.values())).name if new else backend
+        for module, (comp, _) in list(self._log.expected.items()):
+            self._log.expected[module] = (comp, name)
+        self.backend = backend
+
     def assert_kernels_ran(self) -> None:
         """Raise ``KernelsNotRunError`` if any FP4-planned module never ran its GEMM and its activation
         quantization on the backend it was built with."""

@@ -50,6 +50,15 @@ class DefaultLoaders:
 
         return dsv4.load_model(path, plan=plan, backend=backend, device=device, device_map=device_map)
 
+    def rebackend(self, model: Any, backend: str) -> Any | None:
+        """``model`` (built by :meth:`native`) running on ``backend`` from now on, or None when a subclass
+        builds its own native models (a fault injection wraps ``native``: its kernel model must be built
+        by it, never borrowed)."""
+        if type(self).native is not DefaultLoaders.native or not hasattr(model, "switch_backend"):
+            return None
+        model.switch_backend(backend)
+        return model
+
 
 @dataclass
 class SideOutput:

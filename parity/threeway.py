@@ -167,6 +167,7 @@ class _Runner:
         self.forwards: list[ForwardTime] = []
         self.records: list[dict[str, Any]] = []
         self.ref_load_seconds = 0.0
+        self.kept_model: Any = None    # the floor column's model, for the bug-budget column to reuse
 
     # ---- the reference side ---------------------------------------------------------------------
     def reference(self, profile: str, dtype: torch.dtype | None = None) -> list[SideOutput]:
@@ -205,6 +206,8 @@ class _Runner:
     # ---- one column ----------------------------------------------------------------------------------
     def column(self, name: str, anchors: Sequence[SideOutput], *, plan: PrecisionPlan, backend: str,
                anchor_label: str, profile: str, keep_outputs: bool = False) -> tuple[ColumnResult, list[SideOutput]]:
+        """One column's forwards and comparisons. ``keep_outputs``: its outputs (and its model) are the next
+        column's anchors (and, through ``loaders.rebackend``, its model on the kernel backend)."""
         spec = self.spec
         label = f"native:{plan.name}/{backend}"
         self.progress(f"load {label}", 0, 1)
@@ -265,6 +268,8 @@ class _Runner:
             result.kernels_missing = _kernels_missing(model)
         if auditor is not None:
             self._audit_end(auditor, ctx, name, result)
+        if keep_outputs:
+            self.kept_model = model
         model = None
         free_memory(self.spec.device)
         return result, kept
@@ -278,6 +283,16 @@ class _Runner:
             return self.loaders.native(str(spec.source.path), plan=plan, backend=backend, device=spec.device,
                                        device_map=spec.device_map)
 
+        kept, self.kept_model = self.kept_model, None
+        if kept is not None:
+            # the floor column's model (same plan) on the kernel backend: one build from the checkpoint, not two
+            rebackend = getattr(self.loaders, "rebackend", None)
+            same_plan = getattr(getattr(kept, "plan", None), "key", lambda: None)() == plan.key()
+            reused = rebackend(kept, backend) if rebackend is not None and same_plan else None
+            if reused is not None:
+                return reused
+            kept = None
+            free_memory(spec.device)
         if not any(is_on_device(a.probes) for a in anchors):
             return load()
         try:

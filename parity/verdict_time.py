@@ -293,9 +293,10 @@ def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: s
         b["weight_audit"] = audit * scale * k_ratio * config.num_hidden_layers
         assumptions.append(f"weight audit once per checkpoint: {audit:.3g} s a layer measured, x {k_ratio:.3g} = hidden "
                            f"size {config.hidden_size} / {table['config']['hidden_size']} (identity GEMMs: K x weights)")
-    # one native model built per column (the weight audit reads the kernel column's: no build; the reference
-    # streams, its reads counted apart below)
-    builds = sum(k in b for k in ("logic", "floor", "bug_budget"))
+    # native models built from the checkpoint: the logic column's and the floor's; the bug-budget column runs
+    # the floor's on the kernel backend (NativeModel.switch_backend) and the weight audit reads it: no build;
+    # the reference streams, its reads counted apart below
+    builds = sum(k in b for k in ("logic", "floor"))
     loads = load_seconds(table, config, builds, assumptions, readers=readers)
     if loads is not None:
         b["loads"] = loads
