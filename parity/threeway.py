@@ -31,6 +31,7 @@ from .env import code_version, device_name, versions
 from .errors import ParityInputError
 from .inputs import EncodedPrompt
 from .logits_stats import FIRST_PREFIX, PositionStats, summarize
+from .fit_check import check_native_fits
 from .probe_home import anchor_on_device, fits_on_device, is_on_device, probe_bytes, run_with_home, to_host
 from .records import ALL_PROMPTS, COMPARE_MODES, RunContext, new_run_id
 from .refcache import ReferenceCache, cache_key, dtype_name
@@ -405,6 +406,8 @@ def run_threeway(spec: RunSpec, loaders: ModelLoaders | None = None,
     if bad_modes or not spec.modes:
         raise ParityInputError(f"compare modes: expected a non-empty subset of {list(COMPARE_MODES)}, found "
                                f"{list(spec.modes)}")
+    # the native models are built whole: one that cannot fit its GPUs stops here, not after the reference
+    check_native_fits(spec.source.config, spec.plan, spec.columns, spec.device, spec.device_map)
     kernel, reason = resolve_kernel_backend(spec.backend, spec.device) if "bug_budget" in spec.columns \
         else (None, "not requested")
     r = _Runner(spec, loaders or DefaultLoaders(), progress)

@@ -1,0 +1,66 @@
+"""Before the first forward, a native model that cannot fit its GPUs stops the run with one error
+(parity.fit_check): the model, the device, both sizes, the GPUs a device map needs; a model that fits,
+or a CPU run, is not stopped."""
+from __future__ import annotations
+
+import pytest
+
+from dsv4.config import preset
+from dsv4.plan import PrecisionPlan
+from parity.errors import ParityInputError
+from parity.fit_check import check_native_fits
+
+GB80 = 80 * 10**9
+
+
+def on(devs: dict[str, int]):
+    return lambda d: devs.get(d)
+
+
+def test_full_pro_on_one_80gb_card_is_one_clear_error() -> None:
+    pro, plan = preset("pro"), PrecisionPlan.preset("default")
+    with pytest.raises(ParityInputError, match=r"native default \(floor / bug budget\): 8\d\d\.\d GiB of weights on "
+                                               r"cuda:0, which holds 74.5 GiB in all: expected a device map .* at "
+                                               r"least 12 such GPUs .* found 1 device\(s\) \['cuda:0'\]"):
+        check_native_fits(pro, plan, ["floor", "bug_budget"], "cuda:0", memory_of=on({"cuda:0": GB80}))
+    with pytest.raises(ParityInputError, match=r"native all-fp32 \(the logic column\).*--columns floor,bug_budget"):
+        check_native_fits(pro, plan, ["logic", "floor"], "cuda:0", memory_of=on({"cuda:0": GB80}))
+
+
+def test_a_device_map_that_spreads_it_enough_passes() -> None:
+    pro, plan = preset("pro"), PrecisionPlan.preset("default")
+    n = 16
+    dmap = {i: f"cuda:{i * n // pro.num_hidden_layers}" for i in range(pro.num_hidden_layers)}
+    dmap.update(embed="cuda:0", head=f"cuda:{n - 1}")
+    mem = on({f"cuda:{i}": GB80 for i in range(n)})
+    check_native_fits(pro, plan, ["floor", "bug_budget"], "cuda:0", dmap, memory_of=mem)
+    with pytest.raises(ParityInputError, match="on cuda:0"):      # 2 cards: still too little on each
+        half = {i: f"cuda:{i * 2 // pro.num_hidden_layers}" for i in range(pro.num_hidden_layers)}
+        check_native_fits(pro, plan, ["floor"], "cuda:0", half, memory_of=mem)
+
+
+def test_small_models_cpu_runs_and_reference_only_runs_are_not_stopped() -> None:
+    plan = PrecisionPlan.preset("default")
+    check_native_fits(preset("tiny"), plan, ["logic", "floor", "bug_budget"], "cuda:0", memory_of=on({"cuda:0": GB80}))
+    check_native_fits(preset("pro"), plan, ["floor"], "cpu", memory_of=on({}))           # the host: not judged here
+    check_native_fits(preset("pro"), plan, [], "cuda:0", memory_of=on({"cuda:0": 1}))   # nothing native built
+
+
+def test_run_threeway_stops_before_any_model_is_loaded(tiny, chat_prompts, monkeypatch) -> None:
+    from parity import fit_check
+    from parity.threeway import RunSpec, run_threeway
+
+    calls: list[str] = []
+
+    class Loaders:
+        def reference(self, *a, **k):
+            calls.append("reference")
+            raise AssertionError("no model may load")
+
+        native = reference
+
+    monkeypatch.setattr(fit_check, "device_memory", lambda d: 1024)   # a 1 KiB "device"
+    spec = RunSpec(source=tiny, prompts=chat_prompts, device="cpu", columns=("floor",))
+    with pytest.raises(ParityInputError, match="GiB of weights on cpu"):
+        run_threeway(spec, Loaders())
+    assert calls == []
