@@ -63,3 +63,23 @@ def test_switch_backend_moves_every_dispatcher_and_expectation() -> None:
     assert model.backend_names() == {"cpu": "tiled_gemm"}   # nothing changed on a bad name
     model(torch.tensor([1, 2, 3]))
     model.assert_kernels_ran()
+
+
+@pytest.mark.gpu
+def test_reuse_on_the_gpu_kernel_backend_gives_the_fresh_builds_records(tiny, chat_prompts) -> None:
+    """The same on a GPU with the real kernel backend (cutedsl_sm90 on Hopper): the switched model's records
+    and audit equal a fresh kernel build's."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU; none is present on this machine")
+    from parity.threeway import resolve_kernel_backend
+
+    kernel, reason = resolve_kernel_backend("auto", "cuda")
+    if kernel is None:
+        pytest.skip(f"needs a CUDA GPU with a kernel backend: {reason}")
+    spec = RunSpec(source=tiny, prompts=chat_prompts, backend=kernel, device="cuda", columns=("floor", "bug_budget"))
+    reused = run_threeway(spec).raise_errors()
+    loaders = Counting()
+    fresh = run_threeway(spec, loaders).raise_errors()
+    assert loaders.builds == ["emulated", kernel]
+    assert _keys(reused) == _keys(fresh)
+    assert reused.columns["bug_budget"].audit["violations"] == 0
