@@ -52,7 +52,9 @@ def test_run_threeway_stops_before_any_model_is_loaded(tiny, chat_prompts, monke
 
     calls: list[str] = []
 
-    class Loaders:
+    from parity.runner import DefaultLoaders
+
+    class Loaders(DefaultLoaders):      # the project's models, with every load recorded
         def reference(self, *a, **k):
             calls.append("reference")
             raise AssertionError("no model may load")
@@ -64,3 +66,21 @@ def test_run_threeway_stops_before_any_model_is_loaded(tiny, chat_prompts, monke
     with pytest.raises(ParityInputError, match="GiB of weights on cpu"):
         run_threeway(spec, Loaders())
     assert calls == []
+
+
+def test_loaders_of_ones_own_are_not_judged(tiny, chat_prompts, monkeypatch) -> None:
+    """A loader that is not the project's may build anything (an engine, a remote model): not checked."""
+    from parity import fit_check
+    from parity.threeway import RunSpec, run_threeway
+
+    monkeypatch.setattr(fit_check, "device_memory", lambda d: 1024)
+
+    class Own:
+        def reference(self, *a, **k):
+            raise RuntimeError("reached the loaders")
+
+        native = reference
+
+    spec = RunSpec(source=tiny, prompts=chat_prompts, device="cpu", columns=("floor",))
+    result = run_threeway(spec, Own())
+    assert "reached the loaders" in result.columns["floor"].reason
