@@ -32,6 +32,19 @@ def _canonical(device: Any) -> str:
     return f"cuda:{d.index or 0}" if d.type == "cuda" else str(d)
 
 
+def native_models(columns: Sequence[str], plan: Any) -> list[tuple[str, Any]]:
+    """(label, plan) of each native model a run of ``columns`` builds: the logic column's FP32 model, and
+    the plan's model (the floor column's, which the bug-budget column runs on its kernel backend)."""
+    from dsv4.plan import PrecisionPlan
+
+    out = []
+    if "logic" in columns:
+        out.append(("native all-fp32 (logic)", PrecisionPlan.preset("all-fp32")))
+    if "floor" in columns or "bug_budget" in columns:
+        out.append((f"native {plan.name} (floor / bug budget)", plan))
+    return out
+
+
 def check_native_fits(config: Any, plan: Any, columns: Sequence[str], device: str,
                       device_map: Mapping[Any, str] | None = None,
                       memory_of: Callable[[str], int | None] | None = None) -> None:
@@ -39,15 +52,9 @@ def check_native_fits(config: Any, plan: Any, columns: Sequence[str], device: st
     its devices than that device holds (``memory_of``: a device's total bytes, default
     :func:`device_memory`)."""
     memory_of = memory_of or device_memory
-    from dsv4.plan import PrecisionPlan
-
     from .memory import model_weights
 
-    models = []
-    if "logic" in columns:
-        models.append(("native all-fp32 (the logic column)", PrecisionPlan.preset("all-fp32")))
-    if "floor" in columns or "bug_budget" in columns:
-        models.append((f"native {plan.name} (floor / bug budget)", plan))
+    models = native_models(columns, plan)
     if not models:
         return
     keys: list[Any] = ["embed", *range(config.num_hidden_layers), "head"]
@@ -67,7 +74,7 @@ def check_native_fits(config: Any, plan: Any, columns: Sequence[str], device: st
                 f"(--device-map; --dry-run prints the plan), found {len(gpus)} device(s) {gpus}. The native model "
                 f"is built whole, unlike the streamed reference"
                 + ("; or leave out the logic column (--columns floor,bug_budget), whose FP32 model is the largest"
-                   if "logic" in name else ""))
+                   if "(logic)" in name else ""))
 
 
-__all__ = ["check_native_fits", "device_memory"]
+__all__ = ["check_native_fits", "device_memory", "native_models"]

@@ -48,19 +48,15 @@ def card_memory(card: str) -> float | None:
 def model_needs(config: Any, card: str, columns: Sequence[str] = ("logic", "floor", "bug_budget"),
                 plan: str = "default") -> list[Need]:
     """The resident native models of a run of ``columns`` and the cards of ``card`` each needs."""
-    from dsv4.plan import PrecisionPlan, resolve_plan
+    from dsv4.plan import resolve_plan
 
+    from .fit_check import native_models
     from .memory import model_weights
 
     devices = {k: "gpu" for k in [*range(config.num_hidden_layers), "embed", "head"]}
-    models = []
-    if "logic" in columns:
-        models.append(("native all-fp32 (logic)", PrecisionPlan.preset("all-fp32")))
-    if "floor" in columns or "bug_budget" in columns:
-        models.append((f"native {plan} (floor, bug budget)", resolve_plan(plan)))
     mem = card_memory(card)
     out = []
-    for name, p in models:
+    for name, p in native_models(columns, resolve_plan(plan)):
         nbytes = model_weights(config, devices, p).total
         out.append(Need(name, nbytes, None if mem is None else max(1, math.ceil(nbytes / (USABLE * mem)))))
     return out

@@ -187,7 +187,7 @@ def test_table_script_writes_measured_and_extrapolated_markdown(results, tmp_pat
     assert "no measured table for this machine (NVIDIA B200)" in text
     # the resident native model at full size: one H100 cannot hold Pro's, a device map over 13 can
     assert "| pro | floor + bug_budget | 1x H100 | **needs 13 x H100** by device map:" in text
-    assert "does not fit one card a rank: native default (floor, bug budget) 828 GiB: 6 x B200" in text
+    assert "does not fit one card a rank: native default (floor / bug budget) 828 GiB: 6 x B200" in text
     # the decode and floor-search rows (parity.verdict_time_runs), each with its breakdown
     for row in ("| decode | flash | 1x H100 |", "| floor search | pro | 8x B200, configurations over 8 ranks"):
         assert row in text

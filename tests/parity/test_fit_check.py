@@ -23,7 +23,7 @@ def test_full_pro_on_one_80gb_card_is_one_clear_error() -> None:
                                                r"cuda:0, which holds 74.5 GiB in all: expected a device map .* at "
                                                r"least 12 such GPUs .* found 1 device\(s\) \['cuda:0'\]"):
         check_native_fits(pro, plan, ["floor", "bug_budget"], "cuda:0", memory_of=on({"cuda:0": GB80}))
-    with pytest.raises(ParityInputError, match=r"native all-fp32 \(the logic column\).*--columns floor,bug_budget"):
+    with pytest.raises(ParityInputError, match=r"native all-fp32 \(logic\).*--columns floor,bug_budget"):
         check_native_fits(pro, plan, ["logic", "floor"], "cuda:0", memory_of=on({"cuda:0": GB80}))
 
 
