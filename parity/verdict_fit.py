@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from .verdict_base import card_family, layer_params
+
 # Vendor memory per card, bytes (data sheets); the usable share for weights is an assumption, named.
 CARD_MEMORY_BYTES = {"H100": 80e9, "H200": 141e9, "B200": 192e9, "GB200": 186e9, "A100": 80e9, "L40S": 48e9}
 USABLE = 0.9
@@ -33,15 +35,11 @@ class Need:
     cards: int | None        # None: the card's memory is unknown
 
     def describe(self, card: str) -> str:
-        from .verdict_time import card_family
-
         gib = f"{self.model} {self.weight_bytes / 2**30:.0f} GiB"
         return f"{gib}: memory of {card} unknown" if self.cards is None else f"{gib}: {self.cards} x {card_family(card)}"
 
 
 def card_memory(card: str) -> float | None:
-    from .verdict_time import card_family
-
     return CARD_MEMORY_BYTES.get(card_family(card))
 
 
@@ -90,8 +88,6 @@ def reference_read_seconds(table: dict[str, Any], config: Any, forwards: int,
     forwards, when the full checkpoint is larger than the measured machine's host memory (else 0: it can
     stay in the page cache after the first). None when the table measured no reference checkpoint size
     or no read rate."""
-    from .verdict_time import layer_params
-
     build = (table.get("build") or {}).get("official") or {}
     per_layer = build.get("per_layer_bytes") or {}
     loads = [r for r in table.get("runs", []) if r.get("phase") == "load" and r.get("disk_read_bytes")]

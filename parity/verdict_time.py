@@ -27,17 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from .verdict_base import BANDWIDTH_TBS, card_family, layer_params
+
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
-# Peak memory bandwidth, TB/s (vendor data sheets); a CPU entry is a stand-in so CPU tables scale too.
-BANDWIDTH_TBS = {"H100": 3.35, "H200": 4.8, "B200": 8.0, "GB200": 8.0, "A100": 2.0, "L40S": 0.864, "cpu": 0.1}
 FP32_FACTOR = 2.0
-
-
-def card_family(card: str) -> str:
-    for k in sorted(BANDWIDTH_TBS, key=len, reverse=True):
-        if k.lower() in card.lower():
-            return k
-    return "cpu" if card.lower().startswith("cpu") else card
 
 
 def this_card() -> str:
@@ -66,16 +59,6 @@ def load_tables(root: Path | None = None) -> list[dict[str, Any]]:
 
 def kind_of(config: Any, i: int) -> str:
     return f"{config.layer_kind(i)}/{'hash' if i < config.num_hash_layers else 'score'}"
-
-
-def layer_params(c: Any) -> float:
-    """Parameters of one layer, approximately (attention projections + routed and shared experts),
-    from a config or a bench JSON's config summary; the experts dominate at real width."""
-    g = (lambda k: c[k]) if isinstance(c, dict) else (lambda k: getattr(c, k))
-    D, I, E, H, d = (g(k) for k in ("hidden_size", "moe_intermediate_size", "n_routed_experts",
-                                     "num_attention_heads", "head_dim"))
-    q, o = g("q_lora_rank"), g("o_lora_rank")
-    return D * q + q * H * d + D * d + H * d * o + o * D + (E + 1) * 3 * D * I
 
 
 @dataclass
@@ -311,5 +294,5 @@ def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: s
                     cards_needed(needs))
 
 
-__all__ = ["BANDWIDTH_TBS", "Estimate", "estimate", "load_seconds", "load_seconds_per_layer", "load_tables", "pick_table",
+__all__ = ["BANDWIDTH_TBS", "Estimate", "card_family", "layer_params", "estimate", "load_seconds", "load_seconds_per_layer", "load_tables", "pick_table",
            "points_for_kind", "table_scale", "this_card"]
