@@ -36,11 +36,12 @@ class BankFill:
         if groups < 1:
             raise ValueError(f"{name}: expected at least one group, found {groups}")
         self.kind, self.groups, self.name = type(first), groups, name
-        self.shapes = {k: (None if t is None else (tuple(t.shape), t.dtype)) for k, t in _parts(first).items()}
+        parts = _parts(first)
+        self.shapes = {k: (None if t is None else (tuple(t.shape), t.dtype)) for k, t in parts.items()}
         self.filled = [False] * groups
         self.bank: dict[str, torch.Tensor | None] = {}
         rows_back_to_back = self.kind is Fp4Weight
-        for k, t in _parts(first).items():
+        for k, t in parts.items():
             if t is None:
                 self.bank[k] = None
             elif rows_back_to_back and t.dim() > 0:

@@ -25,4 +25,12 @@ def layer_params(c: Any) -> float:
     return D * q + q * H * d + D * d + H * d * o + o * D + (E + 1) * 3 * D * I
 
 
-__all__ = ["BANDWIDTH_TBS", "card_family", "layer_params"]
+def slowest_load(table: dict[str, Any], *, with_bytes: bool = False) -> dict[str, Any] | None:
+    """The table's slowest measured model load (of those that recorded the bytes read, ``with_bytes``),
+    or None when it measured none."""
+    loads = [r for r in table.get("runs", [])
+             if r.get("phase") == "load" and (r.get("disk_read_bytes") or not with_bytes)]
+    return max(loads, key=lambda r: r["seconds"]) if loads else None
+
+
+__all__ = ["BANDWIDTH_TBS", "card_family", "layer_params", "slowest_load"]

@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .verdict_base import card_family, layer_params
+from .verdict_base import card_family, layer_params, slowest_load
 
 # Vendor memory per card, bytes (data sheets); the usable share for weights is an assumption, named.
 CARD_MEMORY_BYTES = {"H100": 80e9, "H200": 141e9, "B200": 192e9, "GB200": 186e9, "A100": 80e9, "L40S": 48e9}
@@ -90,11 +90,10 @@ def reference_read_seconds(table: dict[str, Any], config: Any, forwards: int,
     or no read rate."""
     build = (table.get("build") or {}).get("official") or {}
     per_layer = build.get("per_layer_bytes") or {}
-    loads = [r for r in table.get("runs", []) if r.get("phase") == "load" and r.get("disk_read_bytes")]
+    slowest = slowest_load(table, with_bytes=True)
     host = (table.get("machine") or {}).get("host_memory_bytes")
-    if not per_layer or not loads or not host:
+    if not per_layer or slowest is None or not host:
         return None
-    slowest = max(loads, key=lambda r: r["seconds"])
     rate = slowest["disk_read_bytes"] / slowest["seconds"]
     layer_bytes = sum(per_layer.values()) / len(per_layer) * layer_params(config) / layer_params(table["config"])
     total = layer_bytes * config.num_hidden_layers

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from .verdict_base import BANDWIDTH_TBS, card_family, layer_params
+from .verdict_base import BANDWIDTH_TBS, card_family, layer_params, slowest_load
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 FP32_FACTOR = 2.0
@@ -203,8 +203,8 @@ def table_scale(config: Any, table: dict[str, Any], card: str, assumptions: list
 
 def load_seconds_per_layer(table: dict[str, Any]) -> float | None:
     """The slowest measured model load of the table, per layer (None when it measured none)."""
-    loads = [r["seconds"] for r in table["runs"] if r.get("phase") == "load"]
-    return max(loads) / table["config"]["num_hidden_layers"] if loads else None
+    slowest = slowest_load(table)
+    return slowest["seconds"] / table["config"]["num_hidden_layers"] if slowest else None
 
 
 def load_seconds(table: dict[str, Any], config: Any, loads: int, assumptions: list[str], *,
@@ -217,7 +217,7 @@ def load_seconds(table: dict[str, Any], config: Any, loads: int, assumptions: li
     per_layer = load_seconds_per_layer(table)
     if per_layer is None or loads < 1:
         return None
-    slowest = max((r for r in table["runs"] if r.get("phase") == "load"), key=lambda r: r["seconds"])
+    slowest = slowest_load(table)
     read = slowest.get("disk_read_bytes")
     gbs = read / slowest["seconds"] / 1e9 if read else None
     rate = (f"{gbs:.2f} GB/s: {read / 1e9:.1f} GB read from its disk in {slowest['seconds']:.1f} s" if gbs
