@@ -233,6 +233,7 @@ class NativeModel:
         for obj in layer_objects([self.blocks, self.head_module]):
             if getattr(obj, "frozen_scale", None) is not None:
                 obj.frozen_scale = None
+        getattr(self.blocks, "forget_frozen", lambda: None)()   # a streamed model's kept ones (dsv4.streamed)
         self._log.reset()
         name = next(iter(new.values())).name if new else backend
         for module, (comp, _) in list(self._log.expected.items()):
@@ -275,7 +276,7 @@ class NativeModel:
     def new_state(self, ids: torch.Tensor) -> DecodeState:
         ids = self._ids(ids)
         return DecodeState(ids.to("cpu"), 0, [LayerCache(WindowCache(self.config.sliding_window))
-                                              for _ in self.blocks])
+                                              for _ in range(len(self.blocks))])
 
     def _built(self, part: Any, obj: Any) -> Any:
         if obj is None:   # a pipeline rank's share (load_model(only=...)) lacks this part

@@ -46,8 +46,20 @@ class DefaultLoaders:
 
     def native(self, path: str, *, plan: Any, backend: str, device: str,
                device_map: Mapping[Any, str] | None) -> Any:
+        """Built whole, or streamed (``dsv4.streamed``) when it is larger than its one GPU
+        (``fit_check.streams_native``)."""
         import dsv4
+        from dsv4.checkpoint.reader import open_checkpoint
+        from dsv4.model import resolve_checkpoint
+        from dsv4.plan import resolve_plan
 
+        from .fit_check import streams_native
+
+        config = open_checkpoint(resolve_checkpoint(path)).config
+        if streams_native(config, resolve_plan(plan), device, device_map):
+            from dsv4.streamed import load_streamed_model
+
+            return load_streamed_model(path, plan=plan, backend=backend, device=device)
         return dsv4.load_model(path, plan=plan, backend=backend, device=device, device_map=device_map)
 
     def rebackend(self, model: Any, backend: str) -> Any | None:

@@ -267,6 +267,9 @@ class _Runner:
         self.records += aggregate_records(spec, ctx, name, {m: [st for _, st in v] for m, v in stats.items()})
         if backend != EMULATED:
             result.kernels_missing = _kernels_missing(model)
+        streamed = getattr(getattr(model, "blocks", None), "stats", None)
+        if streamed is not None:     # dsv4.streamed: what its forwards built and kept, after them
+            result.test_describe["streamed"] = streamed()
         if auditor is not None:
             self._audit_end(auditor, ctx, name, result)
         if keep_outputs:

@@ -8,6 +8,11 @@ reference from storage adds: the two facts a time-to-verdict figure is worthless
   against the card's memory, of which ``USABLE`` is assumed free for weights (the rest: activations,
   probes, the CUDA context), give the cards a device map needs; a row whose card count is short of that
   cannot run as estimated.
+* **On one card, a native model larger than it streams** (``dsv4.streamed``, chosen by
+  ``fit_check.streams_native``): the layers that fit ``USABLE`` of the card (less the embedding, the head
+  and room for one transient layer) stay; every other layer is read from the checkpoint again on every
+  pass over the model after the first (:func:`streamed_rereads`). A model whose embedding, head and
+  largest layer do not fit at once cannot stream there either.
 * **The streamed reference reads its checkpoint on every forward.** A measured table's reference times
   hold reads from the page cache (the bench's few layers stay there). A full checkpoint larger than the
   host's memory cannot stay cached, so each reference forward reads every layer from storage again:
@@ -82,6 +87,81 @@ def cards_needed(needs: Sequence[Need]) -> int | None:
     return max(known) if known and len(known) == len(needs) else None
 
 
+@dataclass(frozen=True)
+class Streamed:
+    """One native model streamed on one card: the share of its layers' bytes re-read on each pass after
+    the first (0: all resident), or ``feasible`` False when its embedding, head and largest layer exceed
+    the card's usable memory."""
+
+    model: str
+    reread_share: float
+    feasible: bool
+    floor_bytes: int
+
+
+def streamed_models(config: Any, card: str, columns: Sequence[str], plan: str = "default") -> list[Streamed] | None:
+    """Each native model of a run of ``columns`` streamed on one ``card`` (None when its memory is unknown)."""
+    from dsv4.plan import resolve_plan
+
+    from .fit_check import native_models, streamed_floor
+    from .memory import model_weights
+
+    mem = card_memory(card)
+    if mem is None:
+        return None
+    out = []
+    for name, p in native_models(columns, resolve_plan(plan)):
+        need, _, largest = streamed_floor(config, p)
+        total = model_weights(config, {k: "gpu" for k in [*range(config.num_hidden_layers), "embed", "head"]}, p).total
+        layers = total - (need - largest)                      # the layers' bytes (less embedding and head)
+        resident = max(0.0, USABLE * mem - need)               # room kept beside one transient layer
+        out.append(Streamed(name, max(0.0, 1 - resident / layers) if layers else 0.0, need <= USABLE * mem, need))
+    return out
+
+
+def streamed_rereads(config: Any, card: str, columns: Sequence[str], passes: dict[str, int], one_build: float | None,
+                     assumptions: list[str]) -> tuple[float, bool, str] | None:
+    """(seconds re-reading streamed layers, whether every model can stream on one ``card``, a note), for
+    ``passes[label]`` passes over each model's layers (``"logic"``, ``"plan"``) of which the first is its
+    build, at ``one_build`` seconds a whole build. None when the card's memory is unknown."""
+    models = streamed_models(config, card, columns)
+    if models is None:
+        return None
+    seconds, notes, feasible = 0.0, [], True
+    for m in models:
+        if not m.feasible:
+            feasible = False
+            notes.append(f"{m.model}: its embedding, head and largest layer ({m.floor_bytes / 2**30:.0f} GiB) "
+                         f"exceed one {card_family(card)}")
+            continue
+        n = passes.get("logic" if "(logic)" in m.model else "plan", 1)
+        seconds += max(0, n - 1) * m.reread_share * (one_build or 0.0)
+        notes.append(f"{m.model} streamed, {100 * m.reread_share:.0f} % of its layers re-read on each of {n - 1} "
+                     f"passes after its build")
+    if feasible:
+        assumptions.append(f"one {card_family(card)}: the native models stream (dsv4.streamed), the layers that fit "
+                           f"{USABLE:.0%} of the card resident, the others re-read from the checkpoint on every pass "
+                           f"at the measured load rate" + ("" if one_build else "; no load measured: re-reads not counted"))
+    return seconds, feasible, "streamed: " + "; ".join(notes) if feasible else "cannot stream: " + "; ".join(notes)
+
+
+def fit_or_stream(config: Any, card: str, cards: int, per_rank: bool, columns: Sequence[str], passes: dict[str, int],
+                  one_build: float | None, assumptions: list[str], parts: dict[str, float]) -> tuple[bool, str, int | None]:
+    """(fits, memory note, cards a device map needs) for an estimate's native models; on one card (one
+    process), a model larger than it streams: its re-reads join ``parts`` as ``native_rereads``."""
+    needs = model_needs(config, card, columns)
+    fits, note = fit_note(needs, card, cards, per_rank)
+    if fits or cards != 1 or per_rank:
+        return fits, note, cards_needed(needs)
+    st = streamed_rereads(config, card, columns, passes, one_build, assumptions)
+    if st is None:
+        return fits, note, cards_needed(needs)
+    seconds, ok, snote = st
+    if ok and seconds:
+        parts["native_rereads"] = seconds
+    return ok, snote if ok else f"{note}; {snote}", cards_needed(needs)
+
+
 def reference_read_seconds(table: dict[str, Any], config: Any, forwards: int,
                            assumptions: list[str]) -> float | None:
     """Seconds the streamed reference spends reading its checkpoint from storage over ``forwards``
@@ -107,5 +187,5 @@ def reference_read_seconds(table: dict[str, Any], config: Any, forwards: int,
     return forwards * total / rate
 
 
-__all__ = ["CARD_MEMORY_BYTES", "USABLE", "Need", "card_memory", "cards_needed", "fit_note", "model_needs",
+__all__ = ["CARD_MEMORY_BYTES", "USABLE", "Need", "Streamed", "card_memory", "fit_or_stream", "streamed_models", "streamed_rereads", "cards_needed", "fit_note", "model_needs",
            "reference_read_seconds"]

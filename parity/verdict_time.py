@@ -283,15 +283,16 @@ def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: s
     loads = load_seconds(table, config, builds, assumptions, readers=readers)
     if loads is not None:
         b["loads"] = loads
-    from .verdict_fit import cards_needed, fit_note, model_needs, reference_read_seconds
+    from .verdict_fit import fit_or_stream, reference_read_seconds
 
     reads = reference_read_seconds(table, config, len(tokens) * (("logic" in b) + ("floor" in b)), assumptions)
     if reads:
         b["reference_reads"] = reads
-    needs = model_needs(config, card, columns)
-    fits, note = fit_note(needs, card, cards, per_rank)
-    return Estimate(sum(b.values()), Path(table["_file"]).name, card, tc, assumptions, b, fits, note,
-                    cards_needed(needs))
+    P = len(tokens)   # passes over each native model: two forwards a prompt a column, the weight audit one
+    passes = {"logic": 2 * P, "plan": 2 * P * ("floor" in b) + (2 * P + 1) * ("bug_budget" in b)}
+    fits, note, need = fit_or_stream(config, card, cards, per_rank, columns, passes,
+                                     load_seconds(table, config, 1, []), assumptions, b)
+    return Estimate(sum(b.values()), Path(table["_file"]).name, card, tc, assumptions, b, fits, note, need)
 
 
 __all__ = ["BANDWIDTH_TBS", "Estimate", "card_family", "layer_params", "estimate", "load_seconds", "load_seconds_per_layer", "load_tables", "pick_table",

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 from .verdict_time import (Estimate, harness_overhead, kind_of, load_seconds, load_tables, pick_table,
                            points_for_kind, side_seconds, table_scale, this_card)
 
-from .verdict_fit import cards_needed, fit_note, model_needs, reference_read_seconds
+from .verdict_fit import fit_or_stream, reference_read_seconds
 
 REFERENCE = ("reference", "reference(streaming)")
 
@@ -107,10 +107,11 @@ def decode_estimate(config: Any, steps: int = 300, prompt_tokens: int = 1024, ca
         b["reference_reads"] = ref_prefill_reads
     assumptions.append("reference decode steps at their measured time (weights from the page cache); a step "
                        "reads only its routed experts, which at full size may come from storage: not counted")
-    needs = model_needs(config, card, ("floor",))
-    fits, note = fit_note(needs, card, cards)
+    # streamed on one card: the prefill and every step pass over the layers
+    fits, note, need = fit_or_stream(config, card, cards, False, ("floor",), {"plan": steps + 1},
+                                     load_seconds(table, config, 1, []), assumptions, b)
     return Estimate(sum(b.values()), Path(table.get("_file", "?")).name, card, table["machine"]["card"],
-                    assumptions, b, fits, note, cards_needed(needs))
+                    assumptions, b, fits, note, need)
 
 
 def floor_search_estimate(config: Any, configurations: int, tokens: Sequence[int], card: str | None = None,
@@ -146,10 +147,12 @@ def floor_search_estimate(config: Any, configurations: int, tokens: Sequence[int
     if reads:
         b["reference_reads"] = reads
     # the default plan's model: a configuration holding components in BF16 needs more, not counted
-    needs = model_needs(config, card, ("floor",))
-    fits, note = fit_note(needs, card, cards, per_rank)
+    # streamed on one card: each configuration's build is its first prompt's pass, every later prompt one more
+    fits, note, need = fit_or_stream(config, card, cards, per_rank, ("floor",),
+                                     {"plan": configurations * (len(tokens) - 1) + 1},
+                                     load_seconds(table, config, 1, []), assumptions, b)
     return Estimate(sum(b.values()), Path(table.get("_file", "?")).name, card, table["machine"]["card"],
-                    assumptions, b, fits, note, cards_needed(needs))
+                    assumptions, b, fits, note, need)
 
 
 __all__ = ["decode_estimate", "floor_search_estimate"]

@@ -189,6 +189,10 @@ class GraphDecoder:
     def __init__(self, model: Any, *, device: str | None = None, streams_per_device: int = 1, warmup: int = 1,
                  capture: bool = True, verify: bool = False, strict: bool = False,
                  runtime: CudaRuntime | None = None) -> None:
+        if hasattr(getattr(model, "blocks", None), "resident"):
+            raise GraphDecoderError("CUDA-graph decoding: expected a model whose layers stay built, found a streamed "
+                                    "one (dsv4.streamed: a replay would read a dropped layer's freed weights); use "
+                                    "model.decode_step")
         rt = self.rt = runtime or CudaRuntime()
         if not rt.available():
             raise GraphDecoderError("CUDA-graph decoding: expected a CUDA device, found none (torch.cuda is "

@@ -34,7 +34,7 @@ per-call audit's bound.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -102,11 +102,23 @@ def weight_records(wa: WeightAudit, ctx: Any, pair: str, prompt_mode: str) -> li
 
 
 def fp4_modules(model: Any) -> list[Fp4Linear | Fp4GroupedLinear]:
-    """Every NVFP4 linear the model computes with, in model order."""
+    """Every NVFP4 linear the model computes with, in model order (a streamed model's layers are all built
+    and held for the list: :func:`fp4_modules_by_part` walks them one at a time)."""
+    return [m for part in fp4_modules_by_part(model) for m in part]
+
+
+def fp4_modules_by_part(model: Any) -> Iterator[list[Fp4Linear | Fp4GroupedLinear]]:
+    """The NVFP4 linears of each layer, then of the head, one part at a time: a streamed model
+    (``dsv4.streamed``) builds each layer when its turn comes and drops it after."""
     from dsv4.model import layer_objects
 
-    return [o for o in layer_objects([getattr(model, "blocks", []), getattr(model, "head_module", None)])
-            if isinstance(o, (Fp4Linear, Fp4GroupedLinear))]
+    for part in _parts(model):
+        yield [o for o in layer_objects(part) if isinstance(o, (Fp4Linear, Fp4GroupedLinear))]
+
+
+def _parts(model: Any) -> Iterator[Any]:
+    yield from getattr(model, "blocks", [])       # a streamed model builds each layer as the walk reaches it
+    yield getattr(model, "head_module", None)
 
 
 def identity_operand(rows: range, k: int, device: torch.device) -> FP4Operand:
@@ -129,18 +141,22 @@ def _reference_view(packed: torch.Tensor, scales: torch.Tensor, g: torch.Tensor,
 def audit_weights(model: Any, backend: Any | None = None, *, chunk_rows: int = CHUNK_ROWS,
                   progress: Callable[[int, int], None] | None = None) -> WeightAudit:
     """Audit every NVFP4 weight of ``model`` through ``backend`` (default: each module's own dispatcher's)."""
-    mods = fp4_modules(model)
-    result = WeightAudit(backend=getattr(backend, "name", "") or ",".join(sorted(set(m.dispatcher.name for m in mods))))
-    for i, mod in enumerate(mods):
-        be = backend or mod.dispatcher.backend
-        result.modules += 1
-        result.audited.append((mod.name, mod.component))
-        if isinstance(mod, Fp4GroupedLinear):
-            _audit_bank(be, mod, result, chunk_rows)
-        else:
-            _audit_dense(dense_routes(be), mod, result, chunk_rows)
+    result = WeightAudit(backend=getattr(backend, "name", ""))
+    names: set[str] = set()
+    n_parts = len(getattr(model, "blocks", [])) + 1
+    for i, mods in enumerate(fp4_modules_by_part(model)):
+        for mod in mods:
+            be = backend or mod.dispatcher.backend
+            names.add(mod.dispatcher.name)
+            result.modules += 1
+            result.audited.append((mod.name, mod.component))
+            if isinstance(mod, Fp4GroupedLinear):
+                _audit_bank(be, mod, result, chunk_rows)
+            else:
+                _audit_dense(dense_routes(be), mod, result, chunk_rows)
         if progress:
-            progress(i + 1, len(mods))
+            progress(i + 1, n_parts)
+    result.backend = result.backend or ",".join(sorted(names))
     return result
 
 

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from dsv4.config import preset
-from parity.verdict_fit import USABLE, Need, cards_needed, fit_note, model_needs, reference_read_seconds
+from parity.verdict_fit import (USABLE, Need, cards_needed, fit_note, model_needs, reference_read_seconds,
+                                streamed_models)
 from parity.verdict_time import layer_params
 
 H100, B200 = "NVIDIA H100 80GB HBM3", "NVIDIA B200"
@@ -63,12 +64,30 @@ def test_the_streamed_reference_rereads_a_checkpoint_larger_than_the_host() -> N
     assert reference_read_seconds(no_build, pro, 5, []) is None
 
 
-def test_an_estimate_for_one_h100_at_pro_size_says_it_does_not_fit() -> None:
+def test_an_estimate_for_one_h100_at_pro_size_streams_and_counts_its_rereads() -> None:
+    from parity.verdict_time import estimate, load_seconds, load_tables
+
+    tables = load_tables()
+    pro = preset("pro")
+    e = estimate(pro, [1024] * 5, ["floor", "bug_budget"], card=H100, tables=tables)
+    assert e is not None and e.fits and e.cards_needed == 13       # a device map would need 13
+    assert "streamed" in e.fit and any(line.startswith("  memory: streamed") for line in e.lines())
+    assert e.breakdown.get("reference_reads", 0) > 0
+    one = load_seconds(next(t for t in tables if t["_file"].endswith(e.table)), pro, 1, [])
+    share = streamed_models(pro, H100, ["floor"])[0].reread_share
+    assert 0.9 < share < 1                                          # 828 GiB against 72 GB usable
+    # passes over the plan's model: 2 a prompt in the floor column, 2 a prompt + the audit in the bug budget's
+    assert e.breakdown["native_rereads"] == pytest.approx(20 * share * one)
+    b = estimate(pro, [1024] * 5, ["floor", "bug_budget"], card=B200, tables=tables, cards=8)
+    assert b.fits and b.cards_needed == 6 and "native_rereads" not in b.breakdown   # resident over 6 of 8
+
+
+def test_the_logic_columns_fp32_pro_model_cannot_stream_on_one_h100() -> None:
     from parity.verdict_time import estimate, load_tables
 
-    e = estimate(preset("pro"), [1024] * 5, ["floor", "bug_budget"], card=H100, tables=load_tables())
-    assert e is not None and not e.fits and e.cards_needed == 13
-    assert any(line.startswith("  MEMORY: does not fit 1 card") for line in e.lines())
-    assert e.breakdown.get("reference_reads", 0) > 0
-    b = estimate(preset("pro"), [1024] * 5, ["floor", "bug_budget"], card=B200, tables=load_tables(), cards=8)
-    assert b.fits and b.cards_needed == 6
+    e = estimate(preset("pro"), [1024] * 5, ["logic", "floor", "bug_budget"], card=H100, tables=load_tables())
+    assert e is not None and not e.fits
+    assert "cannot stream: native all-fp32 (logic): its embedding, head and largest layer" in e.fit
+    st = {m.model: m for m in streamed_models(preset("pro"), H100, ["logic", "floor"])}
+    assert not st["native all-fp32 (logic)"].feasible and st["native default (floor / bug budget)"].feasible
+    assert streamed_models(preset("pro"), "some card", ["floor"]) is None    # memory unknown

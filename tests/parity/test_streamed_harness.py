@@ -1,0 +1,28 @@
+"""The harness streams the native model exactly when it is larger than its one device
+(``fit_check.streams_native`` through ``DefaultLoaders.native``), and a streamed run's records equal
+those of the model built whole; what the streamed forwards built is kept in the column's description."""
+from __future__ import annotations
+
+import dsv4.streamed as streamed
+from dsv4.plan import PrecisionPlan
+from parity import fit_check
+from parity.threeway import RunSpec, run_threeway
+
+
+def _keys(result, pair):
+    return sorted((r["compare_mode"], r["prompt_id"], r["probe"], r["metric"], str(r.get("position")), r["value"])
+                  for r in result.records if r["metric"] != "seconds" and r["pair"] == pair)
+
+
+def test_the_harness_streams_a_model_larger_than_its_device(tiny, chat_prompts, monkeypatch) -> None:
+    spec = RunSpec(source=tiny, prompts=chat_prompts, device="cpu", columns=("logic", "floor"))
+    whole_run = run_threeway(spec).raise_errors()
+    assert all("streamed" not in c.test_describe for c in whole_run.columns.values())
+    monkeypatch.setattr(streamed, "default_resident_bytes", lambda d: 0)
+    for col, plan in (("logic", "all-fp32"), ("floor", "default")):
+        need, _, _ = fit_check.streamed_floor(tiny.config, PrecisionPlan.preset(plan))
+        monkeypatch.setattr(fit_check, "device_memory", lambda d: need)   # a "device" holding one layer at a time
+        run = run_threeway(RunSpec(source=tiny, prompts=chat_prompts, device="cpu", columns=(col,))).raise_errors()
+        st = run.columns[col].test_describe["streamed"]
+        assert st["resident_layers"] == [] and st["builds"] >= 2 * st["layers"], st
+        assert len(_keys(whole_run, col)) > 100 and _keys(run, col) == _keys(whole_run, col)
