@@ -132,9 +132,10 @@ def extrapolated(tables: list[dict]) -> list[str]:
     from parity.verdict_time import estimate
 
     out = [f"## Extrapolated: a first-token verdict ({len(PROMPTS)} prompts x {PROMPTS[0]} tokens)", "",
-           "The reference streams one layer at a time; the native model is resident (built whole on its "
-           "card, or spread by a device map): a row whose cards cannot hold it says so, and its memory note "
-           "names the cards it needs.", "",
+           "The reference streams one layer at a time. The native model is resident (built whole on its "
+           "card, or spread by a device map) where it fits; on one card it otherwise streams (dsv4.streamed: "
+           "the layers that fit stay, the others are read again on every pass, counted as native_rereads), "
+           "and a row whose cards can do neither says so, its memory note naming the cards it needs.", "",
            "| model | columns | where | estimate | memory | from |", "|---|---|---|---|---|---|"]
     notes: list[str] = []
     for model in ("flash", "pro"):

@@ -137,7 +137,7 @@ def streamed_rereads(config: Any, card: str, columns: Sequence[str], passes: dic
         n = passes.get("logic" if "(logic)" in m.model else "plan", 1)
         seconds += max(0, n - 1) * m.reread_share * (one_build or 0.0)
         notes.append(f"{m.model} streamed, {100 * m.reread_share:.0f} % of its layers re-read on each of {n - 1} "
-                     f"passes after its build")
+                     f"passes after its build" if n > 1 else f"{m.model} streamed, each layer read once (one pass)")
     if feasible:
         assumptions.append(f"one {card_family(card)}: the native models stream (dsv4.streamed), the layers that fit "
                            f"{USABLE:.0%} of the card resident, the others re-read from the checkpoint on every pass "

@@ -107,8 +107,8 @@ def decode_estimate(config: Any, steps: int = 300, prompt_tokens: int = 1024, ca
         b["reference_reads"] = ref_prefill_reads
     assumptions.append("reference decode steps at their measured time (weights from the page cache); a step "
                        "reads only its routed experts, which at full size may come from storage: not counted")
-    # streamed on one card: the prefill and every step pass over the layers
-    fits, note, need = fit_or_stream(config, card, cards, False, ("floor",), {"plan": steps + 1},
+    # streamed on one card: teacher-forced, the decode runs layer by layer (dsv4.decode.layer_major), one pass
+    fits, note, need = fit_or_stream(config, card, cards, False, ("floor",), {"plan": 1},
                                      load_seconds(table, config, 1, []), assumptions, b)
     return Estimate(sum(b.values()), Path(table.get("_file", "?")).name, card, table["machine"]["card"],
                     assumptions, b, fits, note, need)

@@ -97,8 +97,15 @@ def _run_side(model: Any, p: EncodedPrompt, spec: DecodeSpec, steps: list[int], 
               choose: Any, progress: Any, label: str, step_fn: Any = None) -> SideRun:
     out: list[Step] = []
     meter = MemoryMeter(model_devices(model))
-    for st in run_steps(model, p.tensor(), spec.tokens, forced=forced, choose=choose, probe_steps=steps,
-                        meter=meter, step_fn=step_fn):
+    if forced is not None and hasattr(getattr(model, "blocks", None), "resident"):
+        # a streamed native model (dsv4.streamed): layer by layer, each layer read once for the whole decode
+        from dsv4.decode.layer_major import run_steps_layer_major
+
+        steps_iter = run_steps_layer_major(model, p.tensor(), spec.tokens, forced, probe_steps=steps, meter=meter)
+    else:
+        steps_iter = run_steps(model, p.tensor(), spec.tokens, forced=forced, choose=choose, probe_steps=steps,
+                               meter=meter, step_fn=step_fn)
+    for st in steps_iter:
         out.append(st)
         progress(f"{label} {p.id}", st.step + 1, spec.tokens)
     return SideRun(torch.stack([s.logits for s in out]), [s.target for s in out], [s.fed for s in out],

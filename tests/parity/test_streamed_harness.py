@@ -26,3 +26,33 @@ def test_the_harness_streams_a_model_larger_than_its_device(tiny, chat_prompts, 
         st = run.columns[col].test_describe["streamed"]
         assert st["resident_layers"] == [] and st["builds"] >= 2 * st["layers"], st
         assert len(_keys(whole_run, col)) > 100 and _keys(run, col) == _keys(whole_run, col)
+
+
+def test_a_streamed_teacher_forced_decode_runs_layer_major_with_the_same_logits(tiny, chat_prompts,
+                                                                                   monkeypatch) -> None:
+    """parity.decode on a streamed native model: each layer built once for the whole decode (not once a
+    step), the native logits and probes equal to the model built whole."""
+    import torch
+
+    from parity.decode.run import DecodeSpec, run_decode
+
+    spec = DecodeSpec(source=tiny, prompts=chat_prompts[:1], plan=PrecisionPlan.preset("default"), tokens=12,
+                      backend="emulated")
+    whole = run_decode(spec).results[0].native
+    builds = []
+    real = streamed.load_streamed_model
+
+    def counted(*a, **k):
+        m = real(*a, **k)
+        builds.append(m)
+        return m
+
+    monkeypatch.setattr(streamed, "load_streamed_model", counted)
+    monkeypatch.setattr(streamed, "default_resident_bytes", lambda d: 0)
+    need, _, _ = fit_check.streamed_floor(tiny.config, PrecisionPlan.preset("default"))
+    monkeypatch.setattr(fit_check, "device_memory", lambda d: need)
+    got = run_decode(spec).results[0].native
+    assert len(builds) == 1 and builds[0].blocks.stats()["builds"] == tiny.config.num_hidden_layers
+    assert torch.equal(got.logits, whole.logits) and got.targets == whole.targets
+    assert got.probes.keys() == whole.probes.keys() and all(
+        torch.equal(got.probes[s][k], whole.probes[s][k]) for s in whole.probes for k in whole.probes[s])
