@@ -58,6 +58,11 @@ def block_bytes(block: Any) -> int:
     return total
 
 
+def is_streamed(model: Any) -> bool:
+    """Whether ``model``'s layers are streamed (built on use, some dropped: nothing may keep their tensors)."""
+    return isinstance(getattr(model, "blocks", None), StreamedBlocks)
+
+
 def default_resident_bytes(device: str) -> int:
     """The default budget for resident layers on ``device`` (see the constants above)."""
     d = torch.device(device)
@@ -119,10 +124,6 @@ class StreamedBlocks(Sequence):
         else:
             self._transient = (i, block)
         return block
-
-    def resident(self) -> list[Block]:
-        """The layers held now (the resident ones and the transient one), for a walk that must not build."""
-        return [*self._resident.values(), *([self._transient[1]] if self._transient else [])]
 
     def stats(self) -> dict[str, Any]:
         return {"layers": self._n, "resident_layers": sorted(self._resident), "resident_bytes": self._resident_used,
@@ -190,4 +191,4 @@ def load_streamed_model(path_or_preset: str | Path, *, plan: Any = "default", ba
     return model
 
 
-__all__ = ["StreamedBlocks", "block_bytes", "default_resident_bytes", "load_streamed_model"]
+__all__ = ["StreamedBlocks", "block_bytes", "default_resident_bytes", "is_streamed", "load_streamed_model"]

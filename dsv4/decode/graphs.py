@@ -189,7 +189,9 @@ class GraphDecoder:
     def __init__(self, model: Any, *, device: str | None = None, streams_per_device: int = 1, warmup: int = 1,
                  capture: bool = True, verify: bool = False, strict: bool = False,
                  runtime: CudaRuntime | None = None) -> None:
-        if hasattr(getattr(model, "blocks", None), "resident"):
+        from ..streamed import is_streamed
+
+        if is_streamed(model):
             raise GraphDecoderError("CUDA-graph decoding: expected a model whose layers stay built, found a streamed "
                                     "one (dsv4.streamed: a replay would read a dropped layer's freed weights); use "
                                     "model.decode_step")

@@ -97,7 +97,9 @@ def _run_side(model: Any, p: EncodedPrompt, spec: DecodeSpec, steps: list[int], 
               choose: Any, progress: Any, label: str, step_fn: Any = None) -> SideRun:
     out: list[Step] = []
     meter = MemoryMeter(model_devices(model))
-    if forced is not None and hasattr(getattr(model, "blocks", None), "resident"):
+    from dsv4.streamed import is_streamed
+
+    if forced is not None and is_streamed(model):
         # a streamed native model (dsv4.streamed): layer by layer, each layer read once for the whole decode
         from dsv4.decode.layer_major import run_steps_layer_major
 
