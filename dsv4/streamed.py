@@ -20,12 +20,12 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 
-from .checkpoint.reader import open_checkpoint
-from .layers.block import Block
+if TYPE_CHECKING:
+    from .layers.block import Block
 
 HOST_SHARE = 0.5              # on the CPU, default budget: this share of the host's available memory
 GPU_RESERVE_SHARE = 0.2       # on a GPU, default budget: free memory less this share of the card (activations,
@@ -76,7 +76,7 @@ def default_resident_bytes(device: str) -> int:
     return int(HOST_SHARE * avail)
 
 
-class StreamedBlocks(Sequence):
+class StreamedBlocks(Sequence):  # type: ignore[type-arg]
     """``model.blocks`` of a streamed model (see the module docstring). ``build(i)`` makes layer ``i``;
     ``stats()`` says what was built, kept and read."""
 
@@ -161,6 +161,7 @@ def load_streamed_model(path_or_preset: str | Path, *, plan: Any = "default", ba
     """The native model of ``load_model`` on one device, its layers streamed (module docstring).
     ``resident_bytes``: the budget for layers kept between forwards (default: ``default_resident_bytes``
     once the embedding and the head are built; 0 re-reads every layer on every forward)."""
+    from .checkpoint.reader import open_checkpoint
     from .model import _ACT_DTYPES, ACT_DTYPE, _Builder, load_model, resolve_checkpoint, set_act_dtype
 
     if resident_bytes is not None and (isinstance(resident_bytes, bool) or not isinstance(resident_bytes, int)

@@ -25,6 +25,7 @@ import torch
 
 from dsv4.kernels.registry import BackendError, available_backends, resolve_backend
 from dsv4.plan import PrecisionPlan
+from dsv4.streamed import is_streamed
 
 from .compare import CompareSettings, Where, compare_probes
 from .env import code_version, device_name, versions
@@ -32,6 +33,7 @@ from .errors import ParityInputError
 from .inputs import EncodedPrompt
 from .logits_stats import FIRST_PREFIX, PositionStats, summarize
 from .fit_check import check_native_fits
+from .paired_forward import run_paired
 from .probe_home import anchor_on_device, fits_on_device, is_on_device, probe_bytes, run_with_home, to_host
 from .records import ALL_PROMPTS, COMPARE_MODES, RunContext, new_run_id
 from .refcache import ReferenceCache, cache_key, dtype_name
@@ -227,6 +229,7 @@ class _Runner:
         auditor = None
         if backend != EMULATED:   # the bug-budget column is judged by the exact kernel audit
             auditor = self._audit_begin(model, ctx, name, result)
+        paired = "isolated" in spec.modes and is_streamed(model)
         for n, (p, anchor) in enumerate(zip(spec.prompts, anchors)):
             self.progress(f"{name}: {label} forward", n, len(spec.prompts))
             ids = p.tensor()
@@ -238,13 +241,20 @@ class _Runner:
                 anchor = SideOutput(up, anchor.streams, anchor.seconds)
             # the test side's probes stay on the GPU when they fit (compared there, then dropped)
             home = fits_on_device(probe_bytes(anchor.probes), spec.device)
-            out, home = self._forward(lambda d: run_propagated(model, ids, spec.device, probes_on_device=d), home,
-                                      auditor)
+            iso = None
+            if paired:   # a streamed model: both modes in one pass over its layers (parity.paired_forward)
+                (out, iso), home = self._forward(
+                    lambda d: run_paired(model, ids, anchor, L, spec.device, probes_on_device=d), home, auditor)
+            else:
+                out, home = self._forward(lambda d: run_propagated(model, ids, spec.device, probes_on_device=d),
+                                          home, auditor)
             self.forwards.append(ForwardTime(name, label, p.id, "propagated", out.seconds["forward"], p.n_tokens))
             tests = {"propagated": out.probes}
             if "isolated" in spec.modes:
-                (tests["isolated"], secs), _ = self._forward(
-                    lambda d: run_isolated(model, ids, anchor, L, spec.device, probes_on_device=d), home, auditor)
+                if iso is None:
+                    iso, _ = self._forward(
+                        lambda d: run_isolated(model, ids, anchor, L, spec.device, probes_on_device=d), home, auditor)
+                tests["isolated"], secs = iso
                 self.forwards.append(ForwardTime(name, label, p.id, "isolated", secs, p.n_tokens))
             t_cmp = _now()
             for mode in spec.modes:

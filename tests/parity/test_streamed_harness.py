@@ -1,6 +1,7 @@
 """The harness streams the native model exactly when it is larger than its one device
-(``fit_check.streams_native`` through ``DefaultLoaders.native``), and a streamed run's records equal
-those of the model built whole; what the streamed forwards built is kept in the column's description."""
+(``fit_check.streams_native`` through ``DefaultLoaders.native``), runs a prompt's propagated and isolated
+forwards in one pass over its layers, and a streamed run's records equal those of the model built whole;
+what the streamed forwards built is kept in the column's description."""
 from __future__ import annotations
 
 import dsv4.streamed as streamed
@@ -24,7 +25,8 @@ def test_the_harness_streams_a_model_larger_than_its_device(tiny, chat_prompts, 
         monkeypatch.setattr(fit_check, "device_memory", lambda d: need)   # a "device" holding one layer at a time
         run = run_threeway(RunSpec(source=tiny, prompts=chat_prompts, device="cpu", columns=(col,))).raise_errors()
         st = run.columns[col].test_describe["streamed"]
-        assert st["resident_layers"] == [] and st["builds"] >= 2 * st["layers"], st
+        # one pass a prompt: its propagated and isolated forwards share each built layer (parity.paired_forward)
+        assert st["resident_layers"] == [] and st["builds"] == len(chat_prompts) * st["layers"], st
         assert len(_keys(whole_run, col)) > 100 and _keys(run, col) == _keys(whole_run, col)
 
 
@@ -56,3 +58,28 @@ def test_a_streamed_teacher_forced_decode_runs_layer_major_with_the_same_logits(
     assert torch.equal(got.logits, whole.logits) and got.targets == whole.targets
     assert got.probes.keys() == whole.probes.keys() and all(
         torch.equal(got.probes[s][k], whole.probes[s][k]) for s in whole.probes for k in whole.probes[s])
+
+
+def test_a_streamed_bug_budget_column_is_audited_like_the_whole_model(tiny, chat_prompts, monkeypatch) -> None:
+    """The floor column's streamed model runs the bug-budget column on the kernel backend (reused, not
+    built again): the weight audit walks its layers one at a time, every kernel call is audited, and the
+    records (audit ones included) equal the whole model's."""
+    import pytest
+
+    pytest.importorskip("tiled_gemm_backend")
+    spec = RunSpec(source=tiny, prompts=chat_prompts, backend="tiled_gemm", device="cpu",
+                   columns=("floor", "bug_budget"))
+    whole_run = run_threeway(spec).raise_errors()
+    monkeypatch.setattr(streamed, "default_resident_bytes", lambda d: 0)
+    need, _, _ = fit_check.streamed_floor(tiny.config, PrecisionPlan.preset("default"))
+    monkeypatch.setattr(fit_check, "device_memory", lambda d: need)
+    run = run_threeway(spec).raise_errors()
+    L, P = tiny.config.num_hidden_layers, len(chat_prompts)
+    bb = run.columns["bug_budget"]
+    assert bb.test_describe["backend"] == "tiled_gemm" and not bb.kernels_missing
+    assert bb.weight_audit == whole_run.columns["bug_budget"].weight_audit
+    assert bb.audit["calls"] == whole_run.columns["bug_budget"].audit["calls"] > 0
+    # one model for both columns: P passes for the floor, the audit's walk and P passes for the bug budget
+    assert bb.test_describe["streamed"]["builds"] == (2 * P + 1) * L
+    for col in ("floor", "bug_budget"):
+        assert len(_keys(whole_run, col)) > 100 and _keys(run, col) == _keys(whole_run, col)
