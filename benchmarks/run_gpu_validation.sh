@@ -33,6 +33,8 @@
 #             kernel and BF16, so its threshold is read from one run)
 #   bankload  benchmarks/bench_bank_load.py: a Flash routed w13 bank loaded to the GPU the old way (every expert
 #             read, then stacked) beside bank_fill.py's (each written into its slot): time, host and device peak
+#   streamed  benchmarks/bench_streamed.py: a streamed native model beside the whole one (prefill; a decode step by
+#             step and layer by layer), on cutedsl_sm90
 #   kernel-profile: the sm_90a decode GEMM's own tests, its controlled variants
 #             (benchmarks/profile_sm90_decode_gemm.py) and Nsight Compute sections of its launches
 set -u
@@ -122,6 +124,10 @@ run_part() {
     step bench_bank_load 300 python3 benchmarks/bench_bank_load.py --device cuda --workdir /tmp --repeat 2 \
         --json "$RES/bench_bank_load.json"
     if [ -n "${OUT:-}" ]; then cp "$RES/bench_bank_load.json" "$OUT/" 2>/dev/null; fi ;;
+  streamed)
+    step bench_streamed 300 python3 benchmarks/bench_streamed.py --preset tiny-deep --device cuda --backend cutedsl_sm90 \
+        --steps 32 --repeat 3 --json "$RES/bench_streamed.json"
+    if [ -n "${OUT:-}" ]; then cp "$RES/bench_streamed.json" "$OUT/" 2>/dev/null; fi ;;
   kernel-profile)
     step profile_decode_gemm 120 python3 benchmarks/profile_sm90_decode_gemm.py --json "$RES/profile_decode_gemm.json"
     # ncu reads the hardware counters on Firecracker machines; clocks left alone (--clock-control none)
@@ -131,7 +137,7 @@ run_part() {
     step pytest_decode_gemm 200 python3 -m pytest -q -rs -p no:cacheprovider tests/dsv4/kernels/test_sm90_decode_gemm_gpu.py \
         --junitxml="$RES/pytest_decode_gemm.xml"
     if [ -n "${OUT:-}" ]; then cp "$RES/profile_decode_gemm.json" "$OUT/" 2>/dev/null; fi ;;
-  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, gate, verdicts, dspark, zoo, realwidth-flash, realwidth-pro, realwidth-8k, decode, flatness, shapes, prefill, bankload, kernel-profile or all)"; return 2 ;;
+  *) echo "unknown part $1 (expected tests, parity-zoo, parity-rest, parity, gate, verdicts, dspark, zoo, realwidth-flash, realwidth-pro, realwidth-8k, decode, flatness, shapes, prefill, bankload, streamed, kernel-profile or all)"; return 2 ;;
   esac
 }
 {
