@@ -121,7 +121,7 @@ def _dry_run(console: Any, args: argparse.Namespace, plan: Any, device: str) -> 
 
     columns = [c.strip() for c in args.columns.split(",") if c.strip()]
     gpus = {d for d in devices.values() if str(d).startswith("cuda")}
-    tte = time_estimate(config, [p.n_tokens for p in prompts], columns, cards=max(1, len(gpus)))
+    tte = time_estimate(config, [p.n_tokens for p in prompts], columns, cards=max(1, len(gpus)), may_stream=not dmap)
     for line in tte.lines() if tte else ["time to verdict: no measured per-layer table (benchmarks/results/"
                                          "real_width*.json, written by benchmarks/bench_real_width.py)"]:
         console.print(line, highlight=False, markup=False)

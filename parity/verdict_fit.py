@@ -146,12 +146,14 @@ def streamed_rereads(config: Any, card: str, columns: Sequence[str], passes: dic
 
 
 def fit_or_stream(config: Any, card: str, cards: int, per_rank: bool, columns: Sequence[str], passes: dict[str, int],
-                  one_build: float | None, assumptions: list[str], parts: dict[str, float]) -> tuple[bool, str, int | None]:
+                  one_build: float | None, assumptions: list[str], parts: dict[str, float], *,
+                  may_stream: bool = True) -> tuple[bool, str, int | None]:
     """(fits, memory note, cards a device map needs) for an estimate's native models; on one card (one
-    process), a model larger than it streams: its re-reads join ``parts`` as ``native_rereads``."""
+    process, no device map: ``may_stream``), a model larger than it streams: its re-reads join ``parts``
+    as ``native_rereads``."""
     needs = model_needs(config, card, columns)
     fits, note = fit_note(needs, card, cards, per_rank)
-    if fits or cards != 1 or per_rank:
+    if fits or cards != 1 or per_rank or not may_stream:
         return fits, note, cards_needed(needs)
     st = streamed_rereads(config, card, columns, passes, one_build, assumptions)
     if st is None:

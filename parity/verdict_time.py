@@ -236,11 +236,12 @@ def load_seconds(table: dict[str, Any], config: Any, loads: int, assumptions: li
 
 def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: str | None = None,
              tables: Sequence[dict[str, Any]] | None = None, readers: int = 1, cards: int = 1,
-             per_rank: bool = False) -> Estimate | None:
+             per_rank: bool = False, may_stream: bool = True) -> Estimate | None:
     """The forwards a first-token run performs for prompts of ``tokens`` tokens, from a measured table
     (``readers``: ranks of one launch loading their models at once, :func:`load_seconds`); whether its
     resident models fit ``cards`` cards (each rank's own when ``per_rank``) and the streamed reference's
-    reads from storage (``parity.verdict_fit``)."""
+    reads from storage (``parity.verdict_fit``). ``may_stream`` False: a device map was given, so a model
+    too large for one card is not streamed there (``fit_check.streams_native``)."""
     card = card or this_card()
     tables = load_tables() if tables is None else tables
     table, notes = pick_table(tables, card, getattr(config, "name", None))
@@ -293,7 +294,7 @@ def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: s
     P = len(tokens)
     passes = {"logic": P, "plan": P * ("floor" in b) + (P + 1) * ("bug_budget" in b)}
     fits, note, need = fit_or_stream(config, card, cards, per_rank, columns, passes,
-                                     load_seconds(table, config, 1, []), assumptions, b)
+                                     load_seconds(table, config, 1, []), assumptions, b, may_stream=may_stream)
     return Estimate(sum(b.values()), Path(table["_file"]).name, card, tc, assumptions, b, fits, note, need)
 
 

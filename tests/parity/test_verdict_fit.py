@@ -91,3 +91,13 @@ def test_the_logic_columns_fp32_pro_model_cannot_stream_on_one_h100() -> None:
     st = {m.model: m for m in streamed_models(preset("pro"), H100, ["logic", "floor"])}
     assert not st["native all-fp32 (logic)"].feasible and st["native default (floor / bug budget)"].feasible
     assert streamed_models(preset("pro"), "some card", ["floor"]) is None    # memory unknown
+
+
+def test_with_a_device_map_the_estimate_does_not_stream() -> None:
+    """A device map builds the native model whole (fit_check.streams_native), so the estimate says the
+    cards it needs instead of streaming on the one named."""
+    from parity.verdict_time import estimate, load_tables
+
+    e = estimate(preset("pro"), [1024] * 5, ["floor", "bug_budget"], card=H100, tables=load_tables(), may_stream=False)
+    assert e is not None and not e.fits and "native_rereads" not in e.breakdown
+    assert e.fit.startswith("does not fit 1 card") and e.cards_needed == 13
