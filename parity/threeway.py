@@ -33,7 +33,7 @@ from .errors import ParityInputError
 from .inputs import EncodedPrompt
 from .logits_stats import FIRST_PREFIX, PositionStats, summarize
 from .fit_check import check_native_fits
-from .paired_forward import run_paired
+from .layer_major_column import run_prompts_layer_major
 from .probe_home import anchor_on_device, fits_on_device, is_on_device, probe_bytes, run_with_home, to_host
 from .records import ALL_PROMPTS, COMPARE_MODES, RunContext, new_run_id
 from .refcache import ReferenceCache, cache_key, dtype_name
@@ -225,11 +225,32 @@ class _Runner:
         ctx = run_context(spec, plan=plan.name, profile=profile, backend=backend)
         stats: dict[str, list[tuple[int, PositionStats]]] = {m: [] for m in spec.modes}
         kept: list[SideOutput] = []
-        L = spec.source.config.num_hidden_layers
         auditor = None
         if backend != EMULATED:   # the bug-budget column is judged by the exact kernel audit
             auditor = self._audit_begin(model, ctx, name, result)
-        paired = "isolated" in spec.modes and is_streamed(model)
+        forwards = self._layer_major if is_streamed(model) else self._prompt_major   # parity.layer_major_column
+        forwards(name, model, anchors, ctx, stats, kept, result, auditor, keep_outputs)
+        self.progress(f"{name}: {label} forward", len(spec.prompts), len(spec.prompts))
+        result.position_stats = stats
+        self.records += aggregate_records(spec, ctx, name, {m: [st for _, st in v] for m, v in stats.items()})
+        if backend != EMULATED:
+            result.kernels_missing = _kernels_missing(model)
+        streamed = getattr(getattr(model, "blocks", None), "stats", None)
+        if streamed is not None:     # dsv4.streamed: what its forwards built and kept, after them
+            result.test_describe["streamed"] = streamed()
+        if auditor is not None:
+            self._audit_end(auditor, ctx, name, result)
+        if keep_outputs:
+            self.kept_model = model
+        model = None
+        free_memory(self.spec.device)
+        return result, kept
+
+    def _prompt_major(self, name: str, model: Any, anchors: Sequence[SideOutput], ctx: RunContext,
+                      stats: dict[str, list[tuple[int, PositionStats]]], kept: list[SideOutput], result: ColumnResult,
+                      auditor: Any, keep_outputs: bool) -> None:
+        """The column's forwards and comparisons, prompt by prompt (a model whose layers stay built)."""
+        spec, label, L = self.spec, result.test, self.spec.source.config.num_hidden_layers
         for n, (p, anchor) in enumerate(zip(spec.prompts, anchors)):
             self.progress(f"{name}: {label} forward", n, len(spec.prompts))
             ids = p.tensor()
@@ -241,20 +262,13 @@ class _Runner:
                 anchor = SideOutput(up, anchor.streams, anchor.seconds)
             # the test side's probes stay on the GPU when they fit (compared there, then dropped)
             home = fits_on_device(probe_bytes(anchor.probes), spec.device)
-            iso = None
-            if paired:   # a streamed model: both modes in one pass over its layers (parity.paired_forward)
-                (out, iso), home = self._forward(
-                    lambda d: run_paired(model, ids, anchor, L, spec.device, probes_on_device=d), home, auditor)
-            else:
-                out, home = self._forward(lambda d: run_propagated(model, ids, spec.device, probes_on_device=d),
-                                          home, auditor)
+            out, home = self._forward(lambda d: run_propagated(model, ids, spec.device, probes_on_device=d), home,
+                                      auditor)
             self.forwards.append(ForwardTime(name, label, p.id, "propagated", out.seconds["forward"], p.n_tokens))
             tests = {"propagated": out.probes}
             if "isolated" in spec.modes:
-                if iso is None:
-                    iso, _ = self._forward(
-                        lambda d: run_isolated(model, ids, anchor, L, spec.device, probes_on_device=d), home, auditor)
-                tests["isolated"], secs = iso
+                (tests["isolated"], secs), _ = self._forward(
+                    lambda d: run_isolated(model, ids, anchor, L, spec.device, probes_on_device=d), home, auditor)
                 self.forwards.append(ForwardTime(name, label, p.id, "isolated", secs, p.n_tokens))
             t_cmp = _now()
             for mode in spec.modes:
@@ -272,21 +286,38 @@ class _Runner:
                 if home and not fits_on_device(sum(probe_bytes(k.probes) for k in (*kept, out)), spec.device):
                     out = SideOutput(to_host(out.probes), out.streams, out.seconds)
                 kept.append(out)
-        self.progress(f"{name}: {label} forward", len(spec.prompts), len(spec.prompts))
-        result.position_stats = stats
-        self.records += aggregate_records(spec, ctx, name, {m: [st for _, st in v] for m, v in stats.items()})
-        if backend != EMULATED:
-            result.kernels_missing = _kernels_missing(model)
-        streamed = getattr(getattr(model, "blocks", None), "stats", None)
-        if streamed is not None:     # dsv4.streamed: what its forwards built and kept, after them
-            result.test_describe["streamed"] = streamed()
-        if auditor is not None:
-            self._audit_end(auditor, ctx, name, result)
-        if keep_outputs:
-            self.kept_model = model
-        model = None
-        free_memory(self.spec.device)
-        return result, kept
+
+    def _layer_major(self, name: str, model: Any, anchors: Sequence[SideOutput], ctx: RunContext,
+                     stats: dict[str, list[tuple[int, PositionStats]]], kept: list[SideOutput], result: ColumnResult,
+                     auditor: Any, keep_outputs: bool) -> None:
+        """The column's forwards and comparisons for a streamed model, every prompt layer by layer."""
+        spec, prompts = self.spec, self.spec.prompts
+        label = result.test
+
+        def compare(n: int, mode: str, probes: dict, only: Any) -> Any:
+            p = prompts[n]
+            return compare_probes(anchors[n].probes, probes, where=Where(ctx, name, mode, p.id, p.mode),
+                                  config=spec.source.config, ids=p.tensor(), router_bias=spec.source.router_bias,
+                                  settings=spec.settings, only=only, device=spec.device)
+
+        def on_prompt(n: int) -> None:
+            if auditor is not None:
+                auditor.prompt_id = prompts[n].id
+
+        outs = run_prompts_layer_major(
+            model, [p.tensor() for p in prompts], anchors, num_layers=spec.source.config.num_hidden_layers,
+            device=spec.device, modes=spec.modes, compare=compare, keep=keep_outputs, on_prompt=on_prompt,
+            progress=lambda i, n: self.progress(f"{name}: {label} layer by layer", i, n))
+        for n, (p, anchor, po) in enumerate(zip(prompts, anchors, outs)):
+            for mode in po.seconds:     # propagated always (its logits), isolated when compared
+                self.forwards.append(ForwardTime(name, label, p.id, mode, po.seconds[mode], p.n_tokens))
+            self.records += po.records
+            for mode, st in po.stats.items():
+                stats[mode].append((n, st))
+            _add(result.phase_seconds, "compare", po.compare_seconds)
+            result.last_logits[p.id] = (anchor.logits[-1].float().cpu(), po.out.logits[-1].float().cpu())
+            if keep_outputs:
+                kept.append(po.out)
 
     def _load_native(self, plan: PrecisionPlan, backend: str, anchors: Sequence[SideOutput]) -> Any:
         """The native model; if it does not fit beside anchors left on the GPU, they move to the host

@@ -289,10 +289,9 @@ def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: s
     reads = reference_read_seconds(table, config, len(tokens) * (("logic" in b) + ("floor" in b)), assumptions)
     if reads:
         b["reference_reads"] = reads
-    # passes over each streamed native model: one a prompt a column (its propagated and isolated forwards share
-    # each built layer, parity.paired_forward), the weight audit's walk one more
-    P = len(tokens)
-    passes = {"logic": P, "plan": P * ("floor" in b) + (P + 1) * ("bug_budget" in b)}
+    # passes over each streamed native model: one a column (every prompt layer by layer,
+    # parity.layer_major_column), the weight audit's walk one more
+    passes = {"logic": 1, "plan": ("floor" in b) + 2 * ("bug_budget" in b)}
     fits, note, need = fit_or_stream(config, card, cards, per_rank, columns, passes,
                                      load_seconds(table, config, 1, []), assumptions, b, may_stream=may_stream)
     return Estimate(sum(b.values()), Path(table["_file"]).name, card, tc, assumptions, b, fits, note, need)

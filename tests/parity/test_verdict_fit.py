@@ -76,8 +76,8 @@ def test_an_estimate_for_one_h100_at_pro_size_streams_and_counts_its_rereads() -
     one = load_seconds(next(t for t in tables if t["_file"].endswith(e.table)), pro, 1, [])
     share = streamed_models(pro, H100, ["floor"])[0].reread_share
     assert 0.9 < share < 1                                          # 828 GiB against 72 GB usable
-    # passes over the plan's model: 1 a prompt in the floor column, 1 a prompt + the audit in the bug budget's
-    assert e.breakdown["native_rereads"] == pytest.approx(10 * share * one)
+    # passes over the plan's model: the floor column's, the audit's walk, the bug budget's (layer by layer)
+    assert e.breakdown["native_rereads"] == pytest.approx(2 * share * one)
     b = estimate(pro, [1024] * 5, ["floor", "bug_budget"], card=B200, tables=tables, cards=8)
     assert b.fits and b.cards_needed == 6 and "native_rereads" not in b.breakdown   # resident over 6 of 8
 
