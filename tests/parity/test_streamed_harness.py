@@ -4,6 +4,8 @@ modes, layer by layer (one pass a column), and a streamed run's records equal th
 what the streamed forwards built is kept in the column's description."""
 from __future__ import annotations
 
+import pytest
+
 import dsv4.streamed as streamed
 from dsv4.plan import PrecisionPlan
 from parity import fit_check
@@ -71,8 +73,6 @@ def test_a_streamed_bug_budget_column_is_audited_like_the_whole_model(tiny, chat
     """The floor column's streamed model runs the bug-budget column on the kernel backend (reused, not
     built again): the weight audit walks its layers one at a time, every kernel call is audited, and the
     records (audit ones included) equal the whole model's."""
-    import pytest
-
     pytest.importorskip("tiled_gemm_backend")
     spec = RunSpec(source=tiny, prompts=chat_prompts, backend="tiled_gemm", device="cpu",
                    columns=("floor", "bug_budget"))
@@ -91,3 +91,27 @@ def test_a_streamed_bug_budget_column_is_audited_like_the_whole_model(tiny, chat
     for col in ("floor", "bug_budget"):
         assert len(_keys(whole_run, col)) > 100 and _keys(run, col) == _keys(whole_run, col)
         assert _order(run, col) == _order(whole_run, col)          # in the same order, too
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_streamed_run_gives_the_whole_models_records(tiny, chat_prompts, monkeypatch) -> None:
+    """The same on a GPU with its kernel backend (cutedsl_sm90 on Hopper): floor and bug-budget columns
+    streamed layer by layer, records (audit included) equal to the model built whole."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU; none is present on this machine")
+    from parity.threeway import resolve_kernel_backend
+
+    kernel, reason = resolve_kernel_backend("auto", "cuda")
+    if kernel is None:
+        pytest.skip(f"needs a CUDA GPU with a kernel backend: {reason}")
+    spec = RunSpec(source=tiny, prompts=chat_prompts, backend=kernel, device="cuda", columns=("floor", "bug_budget"))
+    whole_run = run_threeway(spec).raise_errors()
+    monkeypatch.setattr(streamed, "default_resident_bytes", lambda d: 0)
+    need, _, _ = fit_check.streamed_floor(tiny.config, PrecisionPlan.preset("default"))
+    monkeypatch.setattr(fit_check, "device_memory", lambda d: need)
+    run = run_threeway(spec).raise_errors()
+    assert run.columns["bug_budget"].test_describe["streamed"]["builds"] == 3 * tiny.config.num_hidden_layers
+    for col in ("floor", "bug_budget"):
+        assert _keys(run, col) == _keys(whole_run, col) and _order(run, col) == _order(whole_run, col)
