@@ -147,9 +147,8 @@ def floor_search_estimate(config: Any, configurations: int, tokens: Sequence[int
     if reads:
         b["reference_reads"] = reads
     # the default plan's model: a configuration holding components in BF16 needs more, not counted
-    # streamed on one card: each configuration's build is its first prompt's pass, every later prompt one more
-    fits, note, need = fit_or_stream(config, card, cards, per_rank, ("floor",),
-                                     {"plan": configurations * (len(tokens) - 1) + 1},
+    # streamed on one card: a configuration's column runs every prompt layer by layer (one pass: its build)
+    fits, note, need = fit_or_stream(config, card, cards, per_rank, ("floor",), {"plan": 1},
                                      load_seconds(table, config, 1, []), assumptions, b)
     return Estimate(sum(b.values()), Path(table.get("_file", "?")).name, card, table["machine"]["card"],
                     assumptions, b, fits, note, need)
