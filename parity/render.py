@@ -173,6 +173,11 @@ def columns_table(console: Console, columns: Mapping[str, ColumnResult], verdict
                 line.append("; repro files: python -m parity.audit run --backend ...", style="dim")
         else:
             line.append(f"; first divergence (isolated): {d.describe() if d else 'none'}")
+        st = col.test_describe.get("streamed")
+        if st:   # dsv4.streamed: a model larger than its device, read layer by layer
+            line.append(f"; streamed: {len(st['resident_layers'])} of {st['layers']} layers resident, "
+                        f"{st['builds']} layer builds ({st['bytes_built'] / 2**30:.3g} GiB) in "
+                        f"{st['build_seconds']:.3g} s", style="dim")
         console.print(line)
 
 

@@ -17,6 +17,22 @@ def _keys(result, pair):
                   for r in result.records if r["metric"] != "seconds" and r["pair"] == pair)
 
 
+def _printed(result) -> str:
+    """The columns' lines first_token prints."""
+    import io
+
+    from rich.console import Console
+
+    from parity.records import to_frame
+    from parity.render import columns_table
+    from parity.rules import load_rules
+    from parity.verdict import evaluate
+
+    console = Console(file=io.StringIO(), width=400)
+    columns_table(console, result.columns, evaluate(to_frame(result.records), load_rules()))
+    return console.file.getvalue()
+
+
 def _order(result, pair):
     """The comparisons' records in order (the per-call audit's come in call order, which layer by layer differs)."""
     return [(r["prompt_id"], r["compare_mode"], r["probe"], r["metric"], str(r.get("position")))
@@ -37,6 +53,7 @@ def test_the_harness_streams_a_model_larger_than_its_device(tiny, chat_prompts, 
         assert st["resident_layers"] == [] and st["builds"] == st["layers"], st
         assert len(_keys(whole_run, col)) > 100 and _keys(run, col) == _keys(whole_run, col)
         assert _order(run, col) == _order(whole_run, col)          # in the same order, too
+        assert f"streamed: 0 of {st['layers']} layers resident, {st['builds']} layer builds" in _printed(run)
 
 
 def test_a_streamed_teacher_forced_decode_runs_layer_major_with_the_same_logits(tiny, chat_prompts,
