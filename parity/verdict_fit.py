@@ -134,6 +134,9 @@ def streamed_rereads(config: Any, card: str, columns: Sequence[str], passes: dic
             notes.append(f"{m.model}: its embedding, head and largest layer ({m.floor_bytes / 2**30:.0f} GiB) "
                          f"exceed one {card_family(card)}")
             continue
+        if m.reread_share == 0:
+            notes.append(f"{m.model} fits: built whole")
+            continue
         n = passes.get("logic" if "(logic)" in m.model else "plan", 1)
         seconds += max(0, n - 1) * m.reread_share * (one_build or 0.0)
         notes.append(f"{m.model} streamed, {100 * m.reread_share:.0f} % of its layers re-read on each of {n - 1} "
@@ -149,11 +152,12 @@ def fit_or_stream(config: Any, card: str, cards: int, per_rank: bool, columns: S
                   one_build: float | None, assumptions: list[str], parts: dict[str, float], *,
                   may_stream: bool = True) -> tuple[bool, str, int | None]:
     """(fits, memory note, cards a device map needs) for an estimate's native models; on one card (one
-    process, no device map: ``may_stream``), a model larger than it streams: its re-reads join ``parts``
-    as ``native_rereads``."""
+    process, or each rank of a launch on its own card: ``per_rank``; no device map: ``may_stream``), a
+    model larger than it streams: its re-reads (each rank's, which run at once) join ``parts`` as
+    ``native_rereads``."""
     needs = model_needs(config, card, columns)
     fits, note = fit_note(needs, card, cards, per_rank)
-    if fits or cards != 1 or per_rank or not may_stream:
+    if fits or not may_stream or (cards != 1 and not per_rank):
         return fits, note, cards_needed(needs)
     st = streamed_rereads(config, card, columns, passes, one_build, assumptions)
     if st is None:

@@ -101,3 +101,15 @@ def test_with_a_device_map_the_estimate_does_not_stream() -> None:
     e = estimate(preset("pro"), [1024] * 5, ["floor", "bug_budget"], card=H100, tables=load_tables(), may_stream=False)
     assert e is not None and not e.fits and "native_rereads" not in e.breakdown
     assert e.fit.startswith("does not fit 1 card") and e.cards_needed == 13
+
+
+def test_each_rank_streams_on_its_own_card_when_prompts_go_over_ranks() -> None:
+    from parity.verdict_time import estimate, load_tables
+
+    e = estimate(preset("pro"), [1024] * 5, ["floor", "bug_budget"], card=B200, tables=load_tables(), cards=8,
+                 per_rank=True, readers=8)
+    assert e is not None and e.fits and e.fit.startswith("streamed: native default (floor / bug budget) streamed")
+    assert e.breakdown["native_rereads"] > 0
+    flash = estimate(preset("flash"), [1024] * 5, ["floor", "bug_budget"], card=B200, tables=load_tables(), cards=8,
+                     per_rank=True, readers=8)
+    assert flash.fits and flash.fit.startswith("fits:") and "native_rereads" not in flash.breakdown   # 151 GiB fits
