@@ -1,5 +1,5 @@
 """A harness column's forwards layer by layer over every prompt, for a streamed native model
-(``dsv4.streamed``): each layer, once built, runs every prompt's propagated streams and the anchor's
+(``dsv4.streamed``; and the reference's forwards when it reads its checkpoint from storage): each layer, once built, runs every prompt's propagated streams and the anchor's
 input to it (isolated), and its probes are compared and dropped before the next layer is built. A column
 then reads each layer from the checkpoint once, not once a prompt and mode, and holds one layer's probes a
 prompt, not a whole forward's.
@@ -63,12 +63,14 @@ def stages(anchor_probes: dict[str, Any], num_layers: int) -> dict[Any, Callable
 
 
 def run_prompts_layer_major(model: Any, ids: Sequence[torch.Tensor], anchors: Sequence[SideOutput], *,
-                            num_layers: int, device: str, modes: Sequence[str], compare: Compare, keep: bool,
-                            on_prompt: Callable[[int], None] = lambda n: None,
+                            num_layers: int, device: str, modes: Sequence[str], compare: Compare | None, keep: bool,
+                            host: bool = False, on_prompt: Callable[[int], None] = lambda n: None,
                             progress: Callable[[int, int], None] = lambda i, n: None) -> list[PromptOut]:
     """Every prompt's propagated forward (and isolated, when in ``modes``), layer by layer (module
     docstring). ``on_prompt(n)`` runs before each call for prompt ``n`` (the audit's prompt id);
-    ``keep``: the propagated probes are kept whole (a later column's anchors)."""
+    ``keep``: the propagated probes are kept whole (a later column's anchors; ``host``: on the host, as
+    the reference's are). With ``modes`` empty nothing is compared (``compare`` unused): the streamed
+    reference's forwards, each layer read once for every prompt."""
     if any(layer_probe(i, "out") not in a.probes for a in anchors for i in range(num_layers)) and ISOLATED in modes:
         raise SurfaceError("isolated mode needs the anchor's layer outputs, missing some")
     run_modes = [PROPAGATED] + ([ISOLATED] if ISOLATED in modes else [])
@@ -93,7 +95,7 @@ def run_prompts_layer_major(model: Any, ids: Sequence[torch.Tensor], anchors: Se
 
     def judge(n: int, stage: Any, mode: str, probes: dict) -> None:
         nonlocal kept_bytes
-        if mode in modes:
+        if mode in modes and compare is not None:
             t0 = time.perf_counter()
             r, st = compare(n, mode, probes, st_of[n][stage])
             outs[n].compare_seconds += time.perf_counter() - t0
@@ -103,7 +105,7 @@ def run_prompts_layer_major(model: Any, ids: Sequence[torch.Tensor], anchors: Se
         if mode == PROPAGATED:
             if keep:     # a later column's anchor: on the GPU while the kept ones fit there
                 nbytes = probe_bytes(probes)
-                if on_dev and not fits_on_device(kept_bytes + nbytes, device):
+                if on_dev and (host or not fits_on_device(kept_bytes + nbytes, device)):
                     probes = to_host(probes)
                 else:
                     kept_bytes += nbytes

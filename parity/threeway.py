@@ -182,19 +182,29 @@ class _Runner:
         outs: list[SideOutput | None] = [self.cache.load(k) if self.cache else None for k in keys]
         model = None
         label = f"reference:{profile}" + ("" if dtype == torch.bfloat16 else f"/{dtype_name(dtype)}")
+        todo = [n for n, o in enumerate(outs) if o is None]
+        computed: dict[int, SideOutput] = {}
+        if todo:
+            self.progress(f"load {label}", 0, 1)
+            t0 = _now()
+            model = self.loaders.reference(str(src.path), profile=profile, dtype=dtype,
+                                           device=spec.device, device_map=spec.device_map)
+            self.ref_load_seconds += _now() - t0
+            self.progress(f"load {label}", 1, 1)
+        if todo and getattr(getattr(model, "store", None), "cache", True) is False:
+            # it reads every layer from the checkpoint on every forward: every prompt layer by layer instead,
+            # so each layer is read once (its later prompts find it in the page cache)
+            got = run_prompts_layer_major(
+                model, [spec.prompts[n].tensor() for n in todo], [SideOutput({}, torch.empty(0))] * len(todo),
+                num_layers=src.config.num_hidden_layers, device=spec.device, modes=(), compare=None, keep=True,
+                host=True, progress=lambda i, n: self.progress(f"{label} layer by layer", i, n))
+            computed = {n: po.out for n, po in zip(todo, got)}
         for n, (p, key) in enumerate(zip(spec.prompts, keys)):
             self.progress(f"{label} forward", n, len(spec.prompts))
             if outs[n] is not None:
                 self.forwards.append(ForwardTime("reference", label, p.id, "cached", 0.0, p.n_tokens))
                 continue
-            if model is None:
-                self.progress(f"load {label}", 0, 1)
-                t0 = _now()
-                model = self.loaders.reference(str(src.path), profile=profile, dtype=dtype,
-                                               device=spec.device, device_map=spec.device_map)
-                self.ref_load_seconds += _now() - t0
-                self.progress(f"load {label}", 1, 1)
-            out = run_propagated(model, p.tensor(), spec.device)
+            out = computed.get(n) or run_propagated(model, p.tensor(), spec.device)
             self.forwards.append(ForwardTime("reference", label, p.id, "propagated", out.seconds["forward"],
                                              p.n_tokens))
             if self.cache:

@@ -13,10 +13,10 @@ reference from storage adds: the two facts a time-to-verdict figure is worthless
   and room for one transient layer) stay; every other layer is read from the checkpoint again on every
   pass over the model after the first (:func:`streamed_rereads`). A model whose embedding, head and
   largest layer do not fit at once cannot stream there either.
-* **The streamed reference reads its checkpoint on every forward.** A measured table's reference times
-  hold reads from the page cache (the bench's few layers stay there). A full checkpoint larger than the
-  host's memory cannot stay cached, so each reference forward reads every layer from storage again:
-  per forward, the checkpoint's bytes at the load rate the table measured from disk.
+* **The streamed reference reads its checkpoint once a run.** A measured table's reference times hold
+  reads from the page cache (the bench's few layers stay there). A full checkpoint larger than the host's
+  memory cannot stay cached; the harness then runs a reference run's prompts layer by layer, so each
+  layer is read from storage once a run: the checkpoint's bytes at the load rate the table measured.
 """
 from __future__ import annotations
 
@@ -188,8 +188,9 @@ def reference_read_seconds(table: dict[str, Any], config: Any, forwards: int,
                            f"{host / 1e9:.0f} GB of memory: its streamed reads come from the page cache")
         return 0.0
     assumptions.append(f"the reference checkpoint ({total / 1e9:.0f} GB) exceeds the host's {host / 1e9:.0f} GB: "
-                       f"each of {forwards} reference forwards reads it from storage at the measured "
-                       f"{rate / 1e9:.2f} GB/s (a reference cache from an earlier run of the same prompts skips them)")
+                       f"each of {forwards} reference run(s) reads it from storage once (its prompts layer by layer, "
+                       f"parity.layer_major_column) at the measured {rate / 1e9:.2f} GB/s (a reference cache from an "
+                       f"earlier run of the same prompts skips them)")
     return forwards * total / rate
 
 

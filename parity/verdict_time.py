@@ -286,7 +286,8 @@ def estimate(config: Any, tokens: Sequence[int], columns: Sequence[str], card: s
         b["loads"] = loads
     from .verdict_fit import fit_or_stream, reference_read_seconds
 
-    reads = reference_read_seconds(table, config, len(tokens) * (("logic" in b) + ("floor" in b)), assumptions)
+    # a reference run (one a column) takes its prompts layer by layer when it reads from storage: one read each
+    reads = reference_read_seconds(table, config, ("logic" in b) + ("floor" in b), assumptions)
     if reads:
         b["reference_reads"] = reads
     # passes over each streamed native model: one a column (every prompt layer by layer,

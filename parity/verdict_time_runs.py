@@ -143,7 +143,7 @@ def floor_search_estimate(config: Any, configurations: int, tokens: Sequence[int
     loads = load_seconds(table, config, configurations, assumptions, readers=readers)
     if loads is not None:
         b["loads"] = loads
-    reads = reference_read_seconds(table, config, len(tokens), assumptions)
+    reads = reference_read_seconds(table, config, 1, assumptions)   # its prompts layer by layer: one read
     if reads:
         b["reference_reads"] = reads
     # the default plan's model: a configuration holding components in BF16 needs more, not counted

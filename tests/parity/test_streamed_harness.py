@@ -132,3 +132,28 @@ def test_on_the_gpu_a_streamed_run_gives_the_whole_models_records(tiny, chat_pro
     assert run.columns["bug_budget"].test_describe["streamed"]["builds"] == 3 * tiny.config.num_hidden_layers
     for col in ("floor", "bug_budget"):
         assert _keys(run, col) == _keys(whole_run, col) and _order(run, col) == _order(whole_run, col)
+
+
+def test_a_reference_reading_its_checkpoint_runs_every_prompt_layer_by_layer(tiny, chat_prompts, monkeypatch) -> None:
+    """A reference that reads its weights from the checkpoint on every forward (no weight cache: every
+    real-size one) runs the prompts layer by layer, each layer read once for all of them: the same
+    anchors and records as prompt by prompt."""
+    import reference.model as ref_model
+
+    from parity import threeway
+
+    spec = RunSpec(source=tiny, prompts=chat_prompts, device="cpu", columns=("floor",))
+    whole_run = run_threeway(spec).raise_errors()
+    calls: list[int] = []
+    real = threeway.run_prompts_layer_major
+
+    def counted(model, ids, *a, **k):
+        calls.append(len(ids))
+        return real(model, ids, *a, **k)
+
+    monkeypatch.setattr(threeway, "run_prompts_layer_major", counted)
+    monkeypatch.setattr(ref_model, "AUTO_CACHE_BYTES", 0)            # as a real-size checkpoint: streamed
+    run = run_threeway(spec).raise_errors()
+    assert calls == [len(chat_prompts)]                              # the reference's prompts, once, together
+    assert _keys(run, "floor") == _keys(whole_run, "floor") and _order(run, "floor") == _order(whole_run, "floor")
+    assert [f.prompt_id for f in run.forwards if f.side.startswith("reference")] == [p.id for p in chat_prompts]
