@@ -63,6 +63,11 @@ def is_streamed(model: Any) -> bool:
     return isinstance(getattr(model, "blocks", None), StreamedBlocks)
 
 
+def _check_budget(resident_bytes: Any) -> None:
+    if isinstance(resident_bytes, bool) or not isinstance(resident_bytes, int) or resident_bytes < 0:
+        raise ValueError(f"resident_bytes: expected an int >= 0, found {resident_bytes!r}")
+
+
 def default_resident_bytes(device: str) -> int:
     """The default budget for resident layers on ``device`` (see the constants above)."""
     d = torch.device(device)
@@ -81,8 +86,7 @@ class StreamedBlocks(Sequence):  # type: ignore[type-arg]
     ``stats()`` says what was built, kept and read."""
 
     def __init__(self, build: Callable[[int], Block], n_layers: int, resident_bytes: int) -> None:
-        if not isinstance(resident_bytes, int) or resident_bytes < 0:
-            raise ValueError(f"resident_bytes: expected an int >= 0, found {resident_bytes!r}")
+        _check_budget(resident_bytes)
         self._build, self._n, self.resident_bytes = build, n_layers, resident_bytes
         self._resident: dict[int, Block] = {}
         self._resident_used = 0
@@ -164,9 +168,8 @@ def load_streamed_model(path_or_preset: str | Path, *, plan: Any = "default", ba
     from .checkpoint.reader import open_checkpoint
     from .model import _ACT_DTYPES, ACT_DTYPE, _Builder, load_model, resolve_checkpoint, set_act_dtype
 
-    if resident_bytes is not None and (isinstance(resident_bytes, bool) or not isinstance(resident_bytes, int)
-                                       or resident_bytes < 0):
-        raise ValueError(f"resident_bytes: expected None or an int >= 0, found {resident_bytes!r}")
+    if resident_bytes is not None:
+        _check_budget(resident_bytes)       # before anything is built
     model = load_model(path_or_preset, plan=plan, backend=backend, device=device, act_scale=act_scale,
                        only=["embed", "head"])
     reader = open_checkpoint(resolve_checkpoint(path_or_preset))

@@ -55,26 +55,29 @@ def _keys(config: Any) -> list[Any]:
     return ["embed", *range(config.num_hidden_layers), "head"]
 
 
+def part_bytes(config: Any, plan: Any) -> dict[str, int]:
+    """Weight bytes of each part of the native model of ``plan``: ``"embed"``, ``"head"``, ``"0"``... (the
+    dry run's figures, ``parity.memory.model_weights``, one pseudo-device a part)."""
+    from .memory import model_weights
+
+    return dict(model_weights(config, {k: str(k) for k in _keys(config)}, plan).per_device)
+
+
 def streams_native(config: Any, plan: Any, device: str, device_map: Mapping[Any, str] | None = None,
                    memory_of: Callable[[str], int | None] | None = None) -> bool:
     """True when the native model of ``plan`` is built streamed (``dsv4.streamed``): one device, no device
     map, and weights above ``STREAM_ABOVE`` of that device's memory."""
-    from .memory import model_weights
-
     if device_map:
         return False
-    dev = _canonical(device)
-    have = (memory_of or device_memory)(dev)
+    have = (memory_of or device_memory)(_canonical(device))
     if have is None:
         return False
-    return model_weights(config, {k: dev for k in _keys(config)}, plan).total > STREAM_ABOVE * have
+    return sum(part_bytes(config, plan).values()) > STREAM_ABOVE * have
 
 
 def streamed_floor(config: Any, plan: Any) -> tuple[int, Any, int]:
     """(bytes a streamed model needs at least: embedding + head + its largest layer, that layer, its bytes)."""
-    from .memory import model_weights
-
-    parts = model_weights(config, {k: str(k) for k in _keys(config)}, plan).per_device
+    parts = part_bytes(config, plan)
     layer = max(range(config.num_hidden_layers), key=lambda i: parts.get(str(i), 0))
     largest = parts.get(str(layer), 0)
     return parts.get("embed", 0) + parts.get("head", 0) + largest, layer, largest
@@ -125,4 +128,5 @@ def _logic_hint(name: str) -> str:
             if "(logic)" in name else "")
 
 
-__all__ = ["STREAM_ABOVE", "check_native_fits", "device_memory", "native_models", "streamed_floor", "streams_native"]
+__all__ = ["STREAM_ABOVE", "check_native_fits", "device_memory", "native_models", "part_bytes", "streamed_floor",
+           "streams_native"]

@@ -62,24 +62,29 @@ def stages(anchor_probes: dict[str, Any], num_layers: int) -> dict[Any, Callable
     return out
 
 
-def run_prompts_layer_major(model: Any, ids: Sequence[torch.Tensor], anchors: Sequence[SideOutput], *,
+def run_prompts_layer_major(model: Any, ids: Sequence[torch.Tensor], anchors: Sequence[SideOutput] | None, *,
                             num_layers: int, device: str, modes: Sequence[str], compare: Compare | None, keep: bool,
                             host: bool = False, on_prompt: Callable[[int], None] = lambda n: None,
                             progress: Callable[[int, int], None] = lambda i, n: None) -> list[PromptOut]:
     """Every prompt's propagated forward (and isolated, when in ``modes``), layer by layer (module
     docstring). ``on_prompt(n)`` runs before each call for prompt ``n`` (the audit's prompt id);
     ``keep``: the propagated probes are kept whole (a later column's anchors; ``host``: on the host, as
-    the reference's are). With ``modes`` empty nothing is compared (``compare`` unused): the streamed
-    reference's forwards, each layer read once for every prompt."""
-    if any(layer_probe(i, "out") not in a.probes for a in anchors for i in range(num_layers)) and ISOLATED in modes:
-        raise SurfaceError("isolated mode needs the anchor's layer outputs, missing some")
+    the reference's are). With no ``anchors`` nothing is compared (``modes`` and ``compare`` unused): the
+    streamed reference's forwards, each layer read once for every prompt."""
+    if anchors is None:
+        modes, compare = (), None
+    if ISOLATED in modes:
+        missing = sorted({layer_probe(i, "out") for a in anchors for i in range(num_layers)
+                          if layer_probe(i, "out") not in a.probes})
+        if missing:
+            raise SurfaceError(f"isolated mode needs the anchor's layer outputs, missing {missing}")
     run_modes = [PROPAGATED] + ([ISOLATED] if ISOLATED in modes else [])
     on_dev = not _on_cpu(device)
     ids_dev = [t.to(device) if on_dev else t for t in ids]
     P = len(ids)
     outs = [PromptOut(SideOutput({}, torch.empty(0)), {m: 0.0 for m in run_modes}) for _ in range(P)]
     recs: list[dict[str, list[dict]]] = [{m: [] for m in run_modes} for _ in range(P)]
-    st_of = [stages(a.probes, num_layers) for a in anchors]
+    st_of = [stages(a.probes, num_layers) for a in anchors] if anchors is not None else []
     kept_bytes = 0
 
     def call(n: int, mode: str, fn: Any, *args: Any) -> tuple[Any, dict]:

@@ -195,9 +195,9 @@ class _Runner:
             # it reads every layer from the checkpoint on every forward: every prompt layer by layer instead,
             # so each layer is read once (its later prompts find it in the page cache)
             got = run_prompts_layer_major(
-                model, [spec.prompts[n].tensor() for n in todo], [SideOutput({}, torch.empty(0))] * len(todo),
-                num_layers=src.config.num_hidden_layers, device=spec.device, modes=(), compare=None, keep=True,
-                host=True, progress=lambda i, n: self.progress(f"{label} layer by layer", i, n))
+                model, [spec.prompts[n].tensor() for n in todo], None, num_layers=src.config.num_hidden_layers,
+                device=spec.device, modes=(), compare=None, keep=True, host=True,
+                progress=lambda i, n: self.progress(f"{label} layer by layer", i, n))
             computed = {n: po.out for n, po in zip(todo, got)}
         for n, (p, key) in enumerate(zip(spec.prompts, keys)):
             self.progress(f"{label} forward", n, len(spec.prompts))
@@ -245,9 +245,8 @@ class _Runner:
         self.records += aggregate_records(spec, ctx, name, {m: [st for _, st in v] for m, v in stats.items()})
         if backend != EMULATED:
             result.kernels_missing = _kernels_missing(model)
-        streamed = getattr(getattr(model, "blocks", None), "stats", None)
-        if streamed is not None:     # dsv4.streamed: what its forwards built and kept, after them
-            result.test_describe["streamed"] = streamed()
+        if is_streamed(model):       # dsv4.streamed: what its forwards built and kept, after them
+            result.test_describe["streamed"] = model.blocks.stats()
         if auditor is not None:
             self._audit_end(auditor, ctx, name, result)
         if keep_outputs:

@@ -103,17 +103,15 @@ def streamed_models(config: Any, card: str, columns: Sequence[str], plan: str = 
     """Each native model of a run of ``columns`` streamed on one ``card`` (None when its memory is unknown)."""
     from dsv4.plan import resolve_plan
 
-    from .fit_check import native_models, streamed_floor
-    from .memory import model_weights
+    from .fit_check import native_models, part_bytes, streamed_floor
 
     mem = card_memory(card)
     if mem is None:
         return None
     out = []
     for name, p in native_models(columns, resolve_plan(plan)):
-        need, _, largest = streamed_floor(config, p)
-        total = model_weights(config, {k: "gpu" for k in [*range(config.num_hidden_layers), "embed", "head"]}, p).total
-        layers = total - (need - largest)                      # the layers' bytes (less embedding and head)
+        need, _, _ = streamed_floor(config, p)
+        layers = sum(v for k, v in part_bytes(config, p).items() if k not in ("embed", "head"))
         resident = max(0.0, USABLE * mem - need)               # room kept beside one transient layer
         out.append(Streamed(name, max(0.0, 1 - resident / layers) if layers else 0.0, need <= USABLE * mem, need))
     return out

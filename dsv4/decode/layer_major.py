@@ -12,6 +12,7 @@ a step is not one call here, so every step reports the loop's time divided by th
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -42,15 +43,15 @@ def run_steps_layer_major(model: Any, prompt: torch.Tensor, n_steps: int, forced
         states = [head_state] + [DecodeState(ids[: P + s], P - 1 + s, caches) for s in range(1, n_steps)]
         X: list[torch.Tensor] = []
         for s, st in enumerate(states):
-            with _recording(recs.get(s)):
+            with recs.get(s) or nullcontext():
                 X.append(model.embed(st.chunk))
-        for i in range(len(model.blocks)):
+        for i in range(len(model.blocks)):     # a step's recorder is entered once a layer: its values accumulate
             for s, st in enumerate(states):
-                with _recording(recs.get(s)):
+                with recs.get(s) or nullcontext():
                     X[s] = model.layer(i, X[s], st)
         logits = []
         for s in range(n_steps):
-            with _recording(recs.get(s)):
+            with recs.get(s) or nullcontext():
                 logits.append(model.head(X[s])[-1])
             X[s] = None     # type: ignore[call-overload]
         meter.sync()
@@ -61,22 +62,6 @@ def run_steps_layer_major(model: Any, prompt: torch.Tensor, n_steps: int, forced
         rec = recs.get(s)
         yield Step(s, P - 1 + s, fed[s - 1] if s else None, int(forced[s]), cpu, secs, memory,
                    dict(rec.values) if rec else None)
-
-
-class _recording:
-    """``with rec:`` when a recorder is given, else nothing (layer-major calls enter a step's recorder
-    once per layer, so its values accumulate in the order a step's own forward emits them)."""
-
-    def __init__(self, rec: probes.ProbeRecorder | None) -> None:
-        self.rec = rec
-
-    def __enter__(self) -> None:
-        if self.rec is not None:
-            self.rec.__enter__()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.rec is not None:
-            self.rec.__exit__(*exc)
 
 
 __all__ = ["run_steps_layer_major"]
